@@ -1,0 +1,66 @@
+"""Eager argument checks that name the argument and the allowed range.
+
+Checks run only on concrete values. Under ``jax.jit`` (tracers) they are skipped:
+the numerical kernels then propagate NaN for out-of-range inputs instead of raising
+(see the README section "Invalid input under jit").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+
+
+def is_concrete(x) -> bool:
+  """True when ``x`` holds values we can inspect (not a tracer)."""
+  leaves = jax.tree_util.tree_leaves(x)
+  return not any(isinstance(leaf, jax.core.Tracer) for leaf in leaves)
+
+
+def check_float_dtype(name: str, x) -> None:
+  """Reject complex, boolean and string inputs early with a TypeError."""
+  dtype = np.asarray(x).dtype if not hasattr(x, "dtype") else x.dtype
+  if dtype == np.bool_ or np.issubdtype(dtype, np.complexfloating) or not (
+      np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.integer)):
+    raise TypeError(f"{name} must be a real number or array of real numbers, got dtype {dtype}.")
+
+
+def check_range(name: str, x, *, lo=None, hi=None, lo_open=False, hi_open=False,
+                allow_inf=False, allow_nan=False) -> None:
+  """Raise ValueError if a concrete ``x`` leaves the interval [lo, hi] (ends open as asked)."""
+  if x is None:
+    raise TypeError(f"{name} is required, got None.")
+  check_float_dtype(name, x)
+  if not is_concrete(x):
+    return
+  v = np.asarray(x, dtype=np.float64)
+  if v.size == 0:
+    raise ValueError(f"{name} must not be empty.")
+  bad = np.zeros(v.shape, dtype=bool)
+  if not allow_nan:
+    bad |= np.isnan(v)
+  if not allow_inf:
+    bad |= np.isinf(v)
+  finite = v[~np.isnan(v)]
+  left = "(" if lo_open else "["
+  right = ")" if hi_open else "]"
+  interval = f"{left}{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}{right}"
+  with np.errstate(invalid="ignore"):
+    if lo is not None:
+      bad |= (v <= lo) if lo_open else (v < lo)
+    if hi is not None:
+      bad |= (v >= hi) if hi_open else (v > hi)
+  if np.any(bad):
+    example = v[bad].ravel()[0]
+    del finite
+    raise ValueError(f"{name} must lie in {interval}{'' if allow_inf else ' and be finite'}; "
+                     f"got {example!r}.")
+
+
+def as_float_array(x) -> jax.Array:
+  """Convert to a JAX floating array, keeping float32/float64 as given (ints become the default float)."""
+  x = jnp.asarray(x)
+  if not jnp.issubdtype(x.dtype, jnp.floating):
+    x = x.astype(jnp.result_type(float))
+  return x
