@@ -41,6 +41,7 @@ from jaxrdp import _validation
 _NODES_PER_WINDOW = 128   # static; two windows => 2 * 128 integrand evaluations per order
 _SERIES_TERMS = 24        # Taylor terms of (1+x)^a - 1 - a x around x = 0
 _BISECTION_STEPS = 52
+_TAIL_STEPS = 32
 _HALF_WIDTH = 11.0        # window half-width in local standard deviations (e^{-60})
 
 
@@ -64,55 +65,83 @@ def _log_abs_expm1(u):
   return jnp.where(u > 0, u, jnp.zeros_like(u)) + jnp.log(-jnp.expm1(-au))
 
 
-def _log_bregman_integrand(u, log_q, log1m_q, q, alpha):
-  r"""log of :math:`g_\alpha(x) = ((1+x)^\alpha - 1 - \alpha x)/(\alpha - 1)` at :math:`x = q(e^u - 1)`.
+def _log_integrand(z, sigma, log_q, log1m_q, q, alpha):
+  r"""log of the integrand :math:`\varphi_\sigma(z)\, g_\alpha(x)`, :math:`x = q(e^u - 1)`, :math:`u = (2z-1)/(2\sigma^2)`,
 
-  Two regimes, both without cancellation beyond a factor ~12:
+  where :math:`g_\alpha(x) = ((1+x)^\alpha - 1 - \alpha x)/(\alpha - 1) \ge 0`.
+
+  Precision: :math:`-z^2/(2\sigma^2)` and :math:`\log g` are each huge near the right mode
+  (:math:`\sim\alpha^2/\sigma^2`) while their sum is what matters. With the local power
+  :math:`m \in \{0, 2, \alpha\}` of :math:`L = e^u` in :math:`g` (:math:`g \approx x^2` for
+  small x, :math:`g \approx (qL)^\alpha` for large x), the identity
+  :math:`-z^2/(2\sigma^2) + m u = m(m-1)/(2\sigma^2) - (z-m)^2/(2\sigma^2)` leaves only terms
+  of the size of the result, which is what keeps float32 within 1e-5.
+
+  :math:`g` itself, without cancellation beyond a factor ~12:
 
   * :math:`|x| \le \min(0.2, 1/(2\alpha))`: Taylor series
     :math:`g = \tfrac{\alpha}{2} x^2 \sum_j c_j x^j`, :math:`c_{j+1} = c_j (\alpha-2-j)/(j+3)`.
-  * otherwise :math:`g = P - N` with :math:`0 \le N \le P` evaluated in log space:
-    for :math:`x > 0`, :math:`P = (1+x)\,\ell\,\mathrm{exprel}(\beta\ell)`, :math:`N = x`;
-    for :math:`x < 0`, :math:`P = -x`, :math:`N = -(1+x)\,\ell\,\mathrm{exprel}(\beta\ell)`;
-    :math:`\ell = \log(1+x)`, :math:`\beta = \alpha - 1`.
+  * otherwise :math:`g = P - N` with :math:`0 \le N \le P`, in log space, :math:`\ell = \log(1+x)`,
+    :math:`\beta = \alpha - 1`: for :math:`x > 0`,
+    :math:`P = e^{\alpha\ell}\,\ell\,\mathrm{exprel}(-\beta\ell)`, :math:`N = x`; for :math:`x < 0`,
+    :math:`P = -x`, :math:`N = -(1+x)\,\ell\,\mathrm{exprel}(\beta\ell)`.
 
   Returns ``-inf`` where :math:`x = 0` exactly (the integrand's double zero at z = 1/2).
   """
-  dtype = u.dtype
+  dtype = z.dtype
+  s2 = sigma * sigma
+  u = (2 * z - 1) / (2 * s2)
   beta = alpha - 1
   x_small = jnp.minimum(jnp.asarray(0.2, dtype), 0.5 / alpha)
-  # |x| through its logarithm, so that nothing overflows for large u (z near alpha).
-  log_abs_x = log_q + _log_abs_expm1(jnp.where(u == 0, jnp.ones_like(u), u))
   is_zero = u == 0
+  u_nz = jnp.where(is_zero, jnp.ones_like(u), u)
+  positive = u_nz > 0
+  # log|e^u - 1| - max(u, 0) = log(1 - e^{-|u|}): |x| and its log without overflow.
+  log1m_exp = jnp.log(-jnp.expm1(-jnp.abs(u_nz)))
+  log_abs_x = log_q + jnp.maximum(u_nz, 0) + log1m_exp
   small = log_abs_x <= jnp.log(x_small)
-  x_signed = jnp.sign(u) * jnp.exp(jnp.minimum(log_abs_x, 0.0))
+  m = jnp.where(positive, jnp.where(small, 2.0, alpha), 0.0).astype(dtype)
 
   # Series branch (double-where: a safe non-zero x where the branch is not taken).
-  x_ser = jnp.where(small & ~is_zero, x_signed, 0.5 * x_small)
-  coef = jnp.ones_like(x_ser)
+  x_ser = jnp.where(small & ~is_zero, jnp.sign(u_nz) * jnp.exp(jnp.minimum(log_abs_x, 0.0)),
+                    0.5 * x_small)
+  # One running product c_j x^j: |c_{j+1} x / c_j| <= 1/2, so it neither overflows nor
+  # loses the coefficient to an underflowing power in float32.
+  term = jnp.ones_like(x_ser)
   total = jnp.ones_like(x_ser)
-  power = jnp.ones_like(x_ser)
   for j in range(_SERIES_TERMS):
-    coef = coef * (alpha - 2 - j) / (j + 3)
-    power = power * x_ser
-    total = total + coef * power
-  log_series = jnp.log(alpha / 2) + 2 * jnp.log(jnp.abs(x_ser)) + jnp.log(total)
+    term = term * ((alpha - 2 - j) / (j + 3) * x_ser)
+    total = total + term
+  # 2 log|x| - m u with m = 2 for u > 0 and m = 0 for u < 0: 2 (log q + log(1 - e^{-|u|})).
+  log_abs_x_ser = jnp.where(small, log_q + log1m_exp, jnp.log(0.5 * x_small))
+  rest_series = jnp.log(alpha / 2) + 2 * log_abs_x_ser + jnp.log(total)
 
-  # Direct branch, with x replaced by a safe value (2 * x_small) where the series is used.
-  u_dir = jnp.where(small | is_zero, jnp.log1p(2 * x_small / q), u)
-  log_abs_x_dir = jnp.where(small | is_zero, jnp.log(2 * x_small), log_abs_x)
-  ell = jnp.where(u_dir > 1,
-                  jnp.logaddexp(log1m_q, log_q + u_dir),
-                  jnp.log1p(q * jnp.expm1(jnp.minimum(u_dir, 1.0))))  # log(1+x), accurate
+  # Direct branch; where the series is used, a safe stand-in u with x = 2 * x_small.
+  u_dir = jnp.where(small | is_zero, jnp.log1p(2 * x_small / q), u_nz)
+  pos_dir = u_dir > 0
+  log1m_exp_dir = jnp.log(-jnp.expm1(-jnp.abs(u_dir)))
+  log_abs_x_dir = log_q + jnp.maximum(u_dir, 0) + log1m_exp_dir
+  # ell - max(u, 0): for u > 0, log(1+x) - u = log q + softplus(log((1-q)/q) - u), exact.
+  ell_minus_u = log_q + jax.nn.softplus(log1m_q - log_q - u_dir)
+  ell = jnp.where(u_dir > 1, u_dir + ell_minus_u,
+                  jnp.log1p(q * jnp.expm1(jnp.minimum(u_dir, 1.0))))
   ell_safe = jnp.where(ell == 0, jnp.ones_like(ell), ell)
-  log_ell_term = (ell + jnp.log(jnp.abs(ell_safe)) + _log_exprel(beta * ell_safe))
-  positive = u_dir > 0
-  log_p = jnp.where(positive, log_ell_term, log_abs_x_dir)
-  log_n = jnp.where(positive, log_abs_x_dir, log_ell_term)
+  log_abs_ell = jnp.log(jnp.abs(ell_safe))
+  # x > 0: log P - alpha u = alpha (ell - u) + log ell + log exprel(-beta ell).
+  log_p_pos_shifted = alpha * ell_minus_u + log_abs_ell + _log_exprel(-beta * ell_safe)
+  log_p_pos = log_p_pos_shifted + alpha * u_dir
+  log_n_pos = log_abs_x_dir
+  # x < 0 (m = 0): P = -x, N = (1+x)(-ell) exprel(beta ell).
+  log_p_neg = log_abs_x_dir
+  log_n_neg = ell + log_abs_ell + _log_exprel(beta * ell_safe)
+  log_p = jnp.where(pos_dir, log_p_pos, log_p_neg)
+  log_n = jnp.where(pos_dir, log_n_pos, log_n_neg)
   ratio = jnp.minimum(jnp.exp(log_n - log_p), 1.0)
-  log_direct = log_p + jnp.log1p(-ratio)
+  rest_direct = jnp.where(pos_dir, log_p_pos_shifted, log_p_neg) + jnp.log1p(-ratio)
 
-  out = jnp.where(small, log_series, log_direct)
+  rest = jnp.where(small, rest_series, rest_direct)
+  gaussian = m * (m - 1) / (2 * s2) - (z - m) ** 2 / (2 * s2) - jnp.log(sigma) - 0.5 * math.log(2 * math.pi)
+  out = gaussian + rest
   return jnp.where(is_zero, jnp.full_like(out, -jnp.inf), out)
 
 
@@ -190,36 +219,59 @@ def _log_j(q, sigma, alpha, num_nodes):
   hi_a = jnp.maximum(2.0, jnp.where(distinct, z_left, 2.0)) + _HALF_WIDTH * w_low
   lo_b = z_right - _HALF_WIDTH * w_right
   hi_b = z_right + _HALF_WIDTH * w_right
-  merged = lo_b <= hi_a
-  hi_all = jnp.maximum(hi_a, hi_b)
+
+  # The modes above are those of A's integrand; the (A-1) integrand can carry a heavier
+  # right shoulder (the higher binomial bumps). Find where it has really decayed: beyond
+  # max(2, z_right) it decreases, so bisect for the point `depth` nats below its peak.
+  log_g_at = lambda z: _log_integrand(z, sigma, log_q, log1m_q, q, alpha)
+  depth = 14.0 - math.log(float(jnp.finfo(dtype).eps))
+  ref = jnp.maximum(jnp.maximum(log_g_at(sg(z_left)), log_g_at(sg(z_right))),
+                    jnp.maximum(log_g_at(jnp.zeros_like(q)), log_g_at(2 * jnp.ones_like(q))))
+  ref = sg(ref)
+  z_top = jnp.maximum(2.0, z_right)
+  far = jnp.maximum(z_top, alpha) + 20 * sigma
+  tail_end = _bisect(lambda z: sg(ref) - depth - sg(log_g_at(z)), z_top, far, _TAIL_STEPS)
+  hi_b = jnp.maximum(hi_b, tail_end)
+  hi_a_alone = jnp.where(distinct, hi_a, jnp.maximum(hi_a, tail_end))
+  # Two windows only when the integrand is negligible at both inner edges.
+  gap_small = (jnp.maximum(log_g_at(hi_a), log_g_at(lo_b)) < ref - depth)
+  merged = (lo_b <= hi_a) | ~gap_small
+  hi_all = jnp.maximum(hi_a_alone, hi_b)
   mid = 0.5 * (lo_a + hi_all)
   # Merged: one uniform grid split in two halves. Separate: two windows.
   a0, a1 = lo_a, jnp.where(merged, mid, hi_a)
   b0, b1 = jnp.where(merged, mid, lo_b), jnp.where(merged, hi_all, hi_b)
+  a0, a1, b0, b1 = sg(a0), sg(a1), sg(b0), sg(b1)
 
   t = jnp.linspace(0.0, 1.0, num_nodes, dtype=dtype)
-  log_norm = -jnp.log(sigma) - 0.5 * math.log(2 * math.pi)
+  end_weight = jnp.where((jnp.arange(num_nodes) == 0) | (jnp.arange(num_nodes) == num_nodes - 1),
+                         math.log(0.5), 0.0).astype(dtype)
+  expand = lambda v: v[..., None]
 
   def window(z0, z1):
-    z = z0 + (z1 - z0) * t
-    h = (z1 - z0) / (num_nodes - 1)
-    u = (2 * z - 1) / (2 * s2)
-    log_g = -z * z / (2 * s2) + log_norm + _log_bregman_integrand(u, log_q, log1m_q, q, alpha)
-    end_weight = jnp.where((jnp.arange(num_nodes) == 0) | (jnp.arange(num_nodes) == num_nodes - 1),
-                           math.log(0.5), 0.0).astype(dtype)
-    log_full = jax.nn.logsumexp(log_g + end_weight) + jnp.log(h)
-    coarse = log_g[::2] + end_weight[::2]  # num_nodes is odd: every second node keeps both ends
-    log_coarse = jax.nn.logsumexp(coarse) + jnp.log(2 * h)
-    return log_full, log_coarse, log_g[0] + jnp.log(h), log_g[-1] + jnp.log(h)
+    z = expand(z0) + expand(z1 - z0) * t
+    log_h = jnp.log((z1 - z0) / (num_nodes - 1))
+    log_g = _log_integrand(z, expand(sigma), expand(log_q), expand(log1m_q), expand(q), expand(alpha))
+    log_full = jax.nn.logsumexp(log_g + end_weight, axis=-1) + log_h
+    # num_nodes is odd: every second node keeps both ends, with twice the step.
+    log_coarse = jax.nn.logsumexp(log_g[..., ::2] + end_weight[::2], axis=-1) + log_h + math.log(2)
+    return log_full, log_coarse, log_g[..., 0] + log_h, log_g[..., -1] + log_h
 
   fa, ca, first_a, last_a = window(sg(a0), sg(a1))
   fb, cb, first_b, last_b = window(sg(b0), sg(b1))
   log_j = jnp.logaddexp(fa, fb)
   log_coarse = jnp.logaddexp(ca, cb)
   eps = jnp.finfo(dtype).eps
-  # Exponential convergence: the full rule's error is far below the full/coarse gap.
+  # Exponential convergence: the full rule's error is far below the full/coarse gap. The gap
+  # is judged on log A (what is returned): d log A / log A = sigmoid(log(beta J)) d log J / log A.
+  beta = alpha - 1
+  log_beta_j = jnp.log(jnp.where(beta > 0, beta, 1.0)) + log_j
+  log_a_value = jax.nn.softplus(log_beta_j)
+  tiny_j = log_beta_j < -20  # log A = beta J to 1e-9 relative: sensitivity 1
+  lbj_safe = jnp.where(tiny_j, 0.0, log_beta_j)
+  sensitivity = jnp.where(tiny_j, 1.0, jax.nn.sigmoid(lbj_safe) / jax.nn.softplus(lbj_safe))
+  rel_gap = jnp.abs(log_coarse - log_j) * jnp.where(beta > 0, sensitivity, 1.0)
   tol = jnp.sqrt(eps) * 4
-  rel_gap = jnp.abs(jnp.expm1(log_coarse - log_j))
   # In the merged case the shared midpoint is interior, not an edge.
   inner = jnp.where(merged, -jnp.inf, jnp.maximum(last_a, first_b))
   edges = jnp.maximum(jnp.maximum(first_a, last_b), inner)
