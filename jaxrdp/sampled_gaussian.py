@@ -295,7 +295,7 @@ def log_a(q: jax.typing.ArrayLike, sigma: jax.typing.ArrayLike,
   Args:
     q: sampling rate in [0, 1].
     sigma: noise multiplier (noise std / L2 sensitivity), >= 0.
-    alpha: Rényi order, > 1 (``inf`` allowed).
+    alpha: Rényi order, >= 1 (``inf`` allowed; A_1 = 1).
 
   Returns:
     log A_α, with the exact special cases q = 0 → 0, q = 1 → α(α−1)/(2σ²), σ = 0 or
@@ -304,43 +304,61 @@ def log_a(q: jax.typing.ArrayLike, sigma: jax.typing.ArrayLike,
 
   References:
     Mironov, Talwar, Zhang, "Rényi Differential Privacy of the Sampled Gaussian Mechanism",
-    arXiv:1908.10530, Sec. 3 (definition of A_α, Sec. 3.3 numerically stable computation).
+    arXiv:1908.10530, Sec. 3 (definition of A_α; Sec. 3.3 numerically stable computation).
   """
   _validation.check_range("q", q, lo=0.0, hi=1.0)
   _validation.check_range("sigma", sigma, lo=0.0)
-  _validation.check_range("alpha", alpha, lo=1.0, lo_open=True, allow_inf=True)
-  log_j, log_a_value, _ = _sampled_gaussian_terms(q, sigma, alpha)
-  del log_j
-  return log_a_value
+  _validation.check_range("alpha", alpha, lo=1.0, allow_inf=True)
+  return _sampled_gaussian_terms(q, sigma, alpha)[0]
 
 
-def rdp_sampled_gaussian(q: jax.typing.ArrayLike, sigma: jax.typing.ArrayLike,
+def rdp_sampled_gaussian(q: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
                          orders: jax.typing.ArrayLike) -> jax.Array:
   r"""RDP ε(α) = log A_α / (α − 1) of one step of the Poisson-sampled Gaussian mechanism.
 
   ``orders`` may contain 1 (the KL divergence, the limit α → 1, computed without dividing by
-  zero) and ``inf`` (+inf unless q = 0). Broadcasts ``q``, ``sigma`` and ``orders``.
+  zero: the kernel integrates :math:`(A_\alpha - 1)/(\alpha - 1)` directly) and ``inf``
+  (+inf unless q = 0). Broadcasts ``q``, ``noise_multiplier`` and ``orders``.
 
   References:
     Mironov, Talwar, Zhang (2019), arXiv:1908.10530, Sec. 3; Mironov (2017), Def. 3.
   """
   _validation.check_range("q", q, lo=0.0, hi=1.0)
-  _validation.check_range("noise_multiplier", sigma, lo=0.0)
+  _validation.check_range("noise_multiplier", noise_multiplier, lo=0.0)
   _validation.check_range("orders", orders, lo=1.0, allow_inf=True)
-  _, _, rdp = _sampled_gaussian_terms(q, sigma, orders)
-  return rdp
+  return _sampled_gaussian_terms(q, noise_multiplier, orders)[1]
+
+
+_CHUNK = 4096  # elements per lax.map step: bounds memory at ~2 * 129 nodes * _CHUNK floats
 
 
 def _sampled_gaussian_terms(q, sigma, alpha, num_nodes: int = 2 * (_NODES_PER_WINDOW // 2) + 1):
-  """(log J, log A, RDP) with all special cases; the one place the kernel is called."""
+  """(log A, RDP) with all special cases, evaluated in chunks of at most _CHUNK elements."""
   q = _validation.as_float_array(q)
   sigma = _validation.as_float_array(sigma)
   alpha = _validation.as_float_array(alpha)
   dtype = jnp.result_type(q, sigma, alpha)
   q, sigma, alpha = jnp.broadcast_arrays(q.astype(dtype), sigma.astype(dtype), alpha.astype(dtype))
+  shape = q.shape
+  size = q.size
+  if size <= _CHUNK:
+    log_a_value, rdp = _terms(q, sigma, alpha, num_nodes)
+    return log_a_value, rdp
+  n_chunks = -(-size // _CHUNK)
+  pad = n_chunks * _CHUNK - size
 
+  def prep(v, fill):
+    v = jnp.concatenate([v.reshape(-1), jnp.full((pad,), fill, dtype)])
+    return v.reshape(n_chunks, _CHUNK)
+  log_a_value, rdp = lax.map(lambda xs: _terms(*xs, num_nodes),
+                             (prep(q, 0.5), prep(sigma, 1.0), prep(alpha, 2.0)))
+  unpad = lambda v: v.reshape(-1)[:size].reshape(shape)
+  return unpad(log_a_value), unpad(rdp)
+
+
+def _terms(q, sigma, alpha, num_nodes):
+  """Special cases around the generic kernel, with double-where for NaN-free gradients."""
   generic = (q > 0) & (q < 1) & (sigma > 0) & jnp.isfinite(alpha) & (alpha >= 1)
-  # Safe stand-ins where the generic kernel is not used (double-where for NaN-free gradients).
   q_g = jnp.where(generic, q, 0.5)
   s_g = jnp.where(generic, sigma, 1.0)
   a_g = jnp.where(generic, alpha, 2.0)
@@ -362,7 +380,7 @@ def _sampled_gaussian_terms(q, sigma, alpha, num_nodes: int = 2 * (_NODES_PER_WI
   blows_up = (sigma == 0) | ~jnp.isfinite(alpha)
   log_a_out = jnp.where(q == 0, zero, jnp.where(blows_up, inf, jnp.where(q == 1, log_a_q1, log_a_gen)))
   rdp_out = jnp.where(q == 0, zero, jnp.where(blows_up, inf, jnp.where(q == 1, rdp_q1, rdp_gen)))
+  # A_1 = 1 exactly: log A vanishes at alpha = 1 whatever q and sigma.
+  log_a_out = jnp.where(alpha == 1, zero, log_a_out)
   nan = jnp.isnan(q) | jnp.isnan(sigma) | jnp.isnan(alpha)
-  log_a_out = jnp.where(nan, jnp.nan, log_a_out)
-  rdp_out = jnp.where(nan, jnp.nan, rdp_out)
-  return log_j, log_a_out, rdp_out
+  return jnp.where(nan, jnp.nan, log_a_out), jnp.where(nan, jnp.nan, rdp_out)
