@@ -38,31 +38,27 @@ from jax import lax
 
 from jaxrdp import _validation
 
-_NODES_PER_WINDOW = 128   # static; two windows => 2 * 128 integrand evaluations per order
-_SERIES_TERMS = 24        # Taylor terms of (1+x)^a - 1 - a x around x = 0
+_FAST_NODES = 49          # nodes per window, first pass (odd: the every-second-node check)
+_FINE_NODES = 257         # nodes per window where the first pass fails its checks
+_REFINE_BATCH = 256       # elements refined at a time
+_SERIES_TERMS = 16        # Taylor terms of (1+x)^a - 1 - a x around x = 0 ...
+_SERIES_RADIUS = 0.1      # ... used for |x| <= min(0.1, 1/(2 alpha)): terms shrink by >= 10x
+_RATIO_CAP = 0.999        # N/P <= 0.95 wherever the direct branch is used
 _BISECTION_STEPS = 52
 _TAIL_STEPS = 32
 _HALF_WIDTH = 11.0        # window half-width in local standard deviations (e^{-60})
 
 
-def _log_exprel(t):
-  """log((e^t - 1) / t), exact at t = 0, no overflow for large |t|."""
-  safe_t = jnp.where(t == 0, jnp.ones_like(t), t)
-  moderate = jnp.abs(safe_t) <= 1
-  t_mod = jnp.where(moderate, safe_t, jnp.ones_like(t))
-  t_big = jnp.where(moderate, 2 * jnp.ones_like(t), safe_t)
-  log_moderate = jnp.log(jnp.expm1(t_mod) / t_mod)
-  # For |t| > 1: e^t - 1 = e^t (1 - e^{-t}) (t > 0) or -(1 - e^t) (t < 0).
-  log_big = jnp.where(t_big > 0,
-                      t_big + jnp.log(-jnp.expm1(-jnp.abs(t_big))) - jnp.log(jnp.abs(t_big)),
-                      jnp.log(-jnp.expm1(-jnp.abs(t_big))) - jnp.log(jnp.abs(t_big)))
-  return jnp.where(t == 0, jnp.zeros_like(t), jnp.where(moderate, log_moderate, log_big))
+def _log_exprel_nonpositive(t):
+  """log((e^t - 1)/t) for t <= 0: the ratio lies in (0, 1], so nothing overflows."""
+  nonzero = t != 0
+  t_safe = jnp.where(nonzero, t, -1.0)
+  return jnp.where(nonzero, jnp.log(jnp.expm1(t_safe) / t_safe), 0.0)
 
 
-def _log_abs_expm1(u):
-  """log|e^u - 1| for any real u != 0 (no overflow at large u)."""
-  au = jnp.abs(u)
-  return jnp.where(u > 0, u, jnp.zeros_like(u)) + jnp.log(-jnp.expm1(-au))
+def _softplus(x):
+  """log(1 + e^x), stable; cheaper than jax.nn.softplus on CPU."""
+  return jnp.maximum(x, 0) + jnp.log1p(jnp.exp(-jnp.abs(x)))
 
 
 def _log_integrand(z, sigma, log_q, log1m_q, q, alpha):
@@ -79,7 +75,7 @@ def _log_integrand(z, sigma, log_q, log1m_q, q, alpha):
 
   :math:`g` itself, without cancellation beyond a factor ~12:
 
-  * :math:`|x| \le \min(0.2, 1/(2\alpha))`: Taylor series
+  * :math:`|x| \le \min(0.1, 1/(2\alpha))`: Taylor series
     :math:`g = \tfrac{\alpha}{2} x^2 \sum_j c_j x^j`, :math:`c_{j+1} = c_j (\alpha-2-j)/(j+3)`.
   * otherwise :math:`g = P - N` with :math:`0 \le N \le P`, in log space, :math:`\ell = \log(1+x)`,
     :math:`\beta = \alpha - 1`: for :math:`x > 0`,
@@ -92,55 +88,50 @@ def _log_integrand(z, sigma, log_q, log1m_q, q, alpha):
   s2 = sigma * sigma
   u = (2 * z - 1) / (2 * s2)
   beta = alpha - 1
-  x_small = jnp.minimum(jnp.asarray(0.2, dtype), 0.5 / alpha)
+  x_small = jnp.minimum(jnp.asarray(_SERIES_RADIUS, dtype), 0.5 / alpha)
   is_zero = u == 0
-  u_nz = jnp.where(is_zero, jnp.ones_like(u), u)
-  positive = u_nz > 0
-  # log|e^u - 1| - max(u, 0) = log(1 - e^{-|u|}): |x| and its log without overflow.
-  log1m_exp = jnp.log(-jnp.expm1(-jnp.abs(u_nz)))
-  log_abs_x = log_q + jnp.maximum(u_nz, 0) + log1m_exp
+  u = jnp.where(is_zero, jnp.ones_like(u), u)  # x = 0 is patched to -inf at the end
+  positive = u > 0
+  # log|x| = log q + max(u, 0) + log(1 - e^{-|u|}): no overflow for large u.
+  log1m_exp = jnp.log(-jnp.expm1(-jnp.abs(u)))
+  log_abs_x = log_q + jnp.maximum(u, 0) + log1m_exp
   small = log_abs_x <= jnp.log(x_small)
   m = jnp.where(positive, jnp.where(small, 2.0, alpha), 0.0).astype(dtype)
 
-  # Series branch (double-where: a safe non-zero x where the branch is not taken).
-  x_ser = jnp.where(small & ~is_zero, jnp.sign(u_nz) * jnp.exp(jnp.minimum(log_abs_x, 0.0)),
-                    0.5 * x_small)
+  # Series branch; a safe non-zero x where it is not taken (double-where).
+  x_ser = jnp.exp(jnp.minimum(log_abs_x, jnp.log(x_small)))
+  x_ser = jnp.where(positive, x_ser, -x_ser)
   # One running product c_j x^j: |c_{j+1} x / c_j| <= 1/2, so it neither overflows nor
   # loses the coefficient to an underflowing power in float32.
   term = jnp.ones_like(x_ser)
   total = jnp.ones_like(x_ser)
   for j in range(_SERIES_TERMS):
-    term = term * ((alpha - 2 - j) / (j + 3) * x_ser)
+    term = term * ((alpha - (2 + j)) * (x_ser * (1.0 / (j + 3))))
     total = total + term
-  # 2 log|x| - m u with m = 2 for u > 0 and m = 0 for u < 0: 2 (log q + log(1 - e^{-|u|})).
-  log_abs_x_ser = jnp.where(small, log_q + log1m_exp, jnp.log(0.5 * x_small))
-  rest_series = jnp.log(alpha / 2) + 2 * log_abs_x_ser + jnp.log(total)
+  # 2 log|x| - m u (m = 2 for u > 0, m = 0 for u < 0) = 2 (log q + log(1 - e^{-|u|})).
+  rest_series = jnp.log(alpha / 2) + 2 * jnp.minimum(log_q + log1m_exp, jnp.log(x_small)) + jnp.log(total)
 
-  # Direct branch; where the series is used, a safe stand-in u with x = 2 * x_small.
-  u_dir = jnp.where(small | is_zero, jnp.log1p(2 * x_small / q), u_nz)
-  pos_dir = u_dir > 0
-  log1m_exp_dir = jnp.log(-jnp.expm1(-jnp.abs(u_dir)))
-  log_abs_x_dir = log_q + jnp.maximum(u_dir, 0) + log1m_exp_dir
-  # ell - max(u, 0): for u > 0, log(1+x) - u = log q + softplus(log((1-q)/q) - u), exact.
-  ell_minus_u = log_q + jax.nn.softplus(log1m_q - log_q - u_dir)
-  ell = jnp.where(u_dir > 1, u_dir + ell_minus_u,
-                  jnp.log1p(q * jnp.expm1(jnp.minimum(u_dir, 1.0))))
-  ell_safe = jnp.where(ell == 0, jnp.ones_like(ell), ell)
-  log_abs_ell = jnp.log(jnp.abs(ell_safe))
-  # x > 0: log P - alpha u = alpha (ell - u) + log ell + log exprel(-beta ell).
-  log_p_pos_shifted = alpha * ell_minus_u + log_abs_ell + _log_exprel(-beta * ell_safe)
-  log_p_pos = log_p_pos_shifted + alpha * u_dir
-  log_n_pos = log_abs_x_dir
-  # x < 0 (m = 0): P = -x, N = (1+x)(-ell) exprel(beta ell).
-  log_p_neg = log_abs_x_dir
-  log_n_neg = ell + log_abs_ell + _log_exprel(beta * ell_safe)
-  log_p = jnp.where(pos_dir, log_p_pos, log_p_neg)
-  log_n = jnp.where(pos_dir, log_n_pos, log_n_neg)
-  ratio = jnp.minimum(jnp.exp(log_n - log_p), 1.0)
-  rest_direct = jnp.where(pos_dir, log_p_pos_shifted, log_p_neg) + jnp.log1p(-ratio)
+  # Direct branch. ell = log(1+x); for u > 1 through ell - u = log q + softplus(logit(1-q) - u).
+  ell_minus_u_big = log_q + _softplus(log1m_q - log_q - u)
+  ell_moderate = jnp.log1p(q * jnp.expm1(jnp.minimum(u, 1.0)))
+  big = u > 1
+  ell = jnp.where(big, u + ell_minus_u_big, ell_moderate)
+  ell_minus_u = jnp.where(big, ell_minus_u_big, ell_moderate - u)
+  abs_ell = jnp.abs(ell)
+  abs_ell = jnp.where(abs_ell > 0, abs_ell, jnp.finfo(dtype).tiny)
+  # P and N share the factor |ell| exprel(-beta |ell|):
+  #   x > 0: log P - alpha u = alpha (ell - u) + log|ell| + log exprel(-beta ell),  N = x;
+  #   x < 0: P = -x,  log N = ell + log|ell| + log exprel(beta ell).
+  shared = jnp.log(abs_ell) + _log_exprel_nonpositive(-beta * abs_ell)
+  log_p_shifted = jnp.where(positive, alpha * ell_minus_u + shared, log_abs_x)
+  log_p = jnp.where(positive, log_p_shifted + alpha * u, log_abs_x)
+  log_n = jnp.where(positive, log_abs_x, ell + shared)
+  # In the series region N/P -> 1; the cap keeps the unused branch finite (NaN-free gradients).
+  ratio = jnp.minimum(jnp.exp(log_n - log_p), _RATIO_CAP)
+  rest_direct = log_p_shifted + jnp.log1p(-ratio)
 
   rest = jnp.where(small, rest_series, rest_direct)
-  gaussian = m * (m - 1) / (2 * s2) - (z - m) ** 2 / (2 * s2) - jnp.log(sigma) - 0.5 * math.log(2 * math.pi)
+  gaussian = (m * (m - 1) - (z - m) ** 2) / (2 * s2) - jnp.log(sigma) - 0.5 * math.log(2 * math.pi)
   out = gaussian + rest
   return jnp.where(is_zero, jnp.full_like(out, -jnp.inf), out)
 
@@ -195,24 +186,29 @@ def _modes(q_logit, sigma, alpha):
   return z_left, width(z_left), z_right, width(z_right)
 
 
-def _log_j(q, sigma, alpha, num_nodes):
-  r"""log of :math:`J = (A_\alpha - 1)/(\alpha - 1)` for 0 < q < 1, sigma > 0, 1 <= alpha < inf.
+def _logsumexp(x, axis=-1):
+  """log sum exp over ``axis``; -inf when every entry is -inf (lean version for CPU speed)."""
+  top = jnp.max(x, axis=axis, keepdims=True)
+  top = lax.stop_gradient(jnp.where(jnp.isfinite(top), top, 0.0))
+  return jnp.log(jnp.sum(jnp.exp(x - top), axis=axis)) + jnp.squeeze(top, axis)
 
-  Also returns a flag that is True where the quadrature failed its own checks.
+
+def _placement(q, sigma, alpha):
+  """Quadrature windows [a0, a1], [b0, b1] (not differentiated) and the integrand's peak level.
+
+  Window A holds the bumps of the integrand near z = 0 and z = 2 (the k = 0 and k = 2 terms
+  of the binomial picture) and the left mode when it is a mode of its own; window B holds the
+  right mode and the right tail. Where the integrand is not negligible between them, the two
+  windows become the halves of one uniform grid.
   """
+  sg = lax.stop_gradient
+  q, sigma, alpha = sg(q), sg(sigma), sg(alpha)
   dtype = q.dtype
   log_q = jnp.log(q)
   log1m_q = jnp.log1p(-q)
   q_logit = log_q - log1m_q
   s2 = sigma * sigma
-
-  # Window placement is not differentiated: the quadrature of the derivative is as exact
-  # as the quadrature itself, wherever the nodes sit.
-  sg = lax.stop_gradient
-  z_left, w_left, z_right, w_right = _modes(sg(q_logit), sg(sigma), sg(alpha))
-  # Window A holds the bumps of the integrand near z = 0 and z = 2 (the k = 0 and k = 2
-  # terms of the binomial picture) and the left mode when it is a mode of its own; window B
-  # holds the right mode. When the two modes coincide, A keeps only the low bumps.
+  z_left, w_left, z_right, w_right = _modes(q_logit, sigma, alpha)
   distinct = z_right - z_left > _HALF_WIDTH * (w_left + w_right)
   w_low = jnp.where(z_left <= 2.0 + _HALF_WIDTH * w_left, w_left, sigma)
   lo_a = jnp.minimum(0.0, jnp.where(distinct, z_left, 0.0)) - _HALF_WIDTH * w_low
@@ -220,63 +216,103 @@ def _log_j(q, sigma, alpha, num_nodes):
   lo_b = z_right - _HALF_WIDTH * w_right
   hi_b = z_right + _HALF_WIDTH * w_right
 
-  # The modes above are those of A's integrand; the (A-1) integrand can carry a heavier
-  # right shoulder (the higher binomial bumps). Find where it has really decayed: beyond
-  # max(2, z_right) it decreases, so bisect for the point `depth` nats below its peak.
   log_g_at = lambda z: _log_integrand(z, sigma, log_q, log1m_q, q, alpha)
   depth = 14.0 - math.log(float(jnp.finfo(dtype).eps))
-  ref = jnp.maximum(jnp.maximum(log_g_at(sg(z_left)), log_g_at(sg(z_right))),
+  ref = jnp.maximum(jnp.maximum(log_g_at(z_left), log_g_at(z_right)),
                     jnp.maximum(log_g_at(jnp.zeros_like(q)), log_g_at(2 * jnp.ones_like(q))))
-  ref = sg(ref)
+  # The (A-1) integrand can carry a heavier right shoulder than the modes' widths say (the
+  # higher binomial bumps). It is bounded by A's integrand, log F = -z^2/(2 s^2) + alpha
+  # log(1-q+qL), which decreases beyond its largest mode: bisect for where F is `depth`
+  # nats below the peak.
+  log_f = lambda z: -z * z / (2 * s2) + alpha * (log1m_q + _softplus((2 * z - 1) / (2 * s2) + q_logit))
+  log_norm = -jnp.log(sigma) - 0.5 * math.log(2 * math.pi)
   z_top = jnp.maximum(2.0, z_right)
   far = jnp.maximum(z_top, alpha) + 20 * sigma
-  tail_end = _bisect(lambda z: sg(ref) - depth - sg(log_g_at(z)), z_top, far, _TAIL_STEPS)
+  tail_end = _bisect(lambda z: ref - depth - (log_f(z) + log_norm), z_top, far, _TAIL_STEPS)
   hi_b = jnp.maximum(hi_b, tail_end)
   hi_a_alone = jnp.where(distinct, hi_a, jnp.maximum(hi_a, tail_end))
-  # Two windows only when the integrand is negligible at both inner edges.
-  gap_small = (jnp.maximum(log_g_at(hi_a), log_g_at(lo_b)) < ref - depth)
+  gap_small = jnp.maximum(log_g_at(hi_a), log_g_at(lo_b)) < ref - depth
   merged = (lo_b <= hi_a) | ~gap_small
   hi_all = jnp.maximum(hi_a_alone, hi_b)
   mid = 0.5 * (lo_a + hi_all)
-  # Merged: one uniform grid split in two halves. Separate: two windows.
   a0, a1 = lo_a, jnp.where(merged, mid, hi_a)
   b0, b1 = jnp.where(merged, mid, lo_b), jnp.where(merged, hi_all, hi_b)
-  a0, a1, b0, b1 = sg(a0), sg(a1), sg(b0), sg(b1)
+  return (a0, a1, b0, b1, merged)
 
+
+def _quadrature(place, q, sigma, alpha, num_nodes):
+  r"""log :math:`J = (A_\alpha - 1)/(\alpha - 1)` by the trapezoidal rule on the two windows.
+
+  Returns ``(log_j, failed)``; ``failed`` marks results that did not pass the checks:
+  the rule on every second node agrees with the full rule (exponential convergence makes the
+  full rule's error far smaller than that gap), and the integrand has decayed at the edges.
+  """
+  a0, a1, b0, b1, merged = place
+  dtype = q.dtype
+  log_q = jnp.log(q)
+  log1m_q = jnp.log1p(-q)
   t = jnp.linspace(0.0, 1.0, num_nodes, dtype=dtype)
-  end_weight = jnp.where((jnp.arange(num_nodes) == 0) | (jnp.arange(num_nodes) == num_nodes - 1),
-                         math.log(0.5), 0.0).astype(dtype)
+  idx = jnp.arange(num_nodes)
+  end_weight = jnp.where((idx == 0) | (idx == num_nodes - 1), math.log(0.5), 0.0).astype(dtype)
   expand = lambda v: v[..., None]
 
   def window(z0, z1):
     z = expand(z0) + expand(z1 - z0) * t
     log_h = jnp.log((z1 - z0) / (num_nodes - 1))
     log_g = _log_integrand(z, expand(sigma), expand(log_q), expand(log1m_q), expand(q), expand(alpha))
-    log_full = jax.nn.logsumexp(log_g + end_weight, axis=-1) + log_h
+    log_full = _logsumexp(log_g + end_weight) + log_h
     # num_nodes is odd: every second node keeps both ends, with twice the step.
-    log_coarse = jax.nn.logsumexp(log_g[..., ::2] + end_weight[::2], axis=-1) + log_h + math.log(2)
+    log_coarse = _logsumexp(log_g[..., ::2] + end_weight[::2]) + log_h + math.log(2)
     return log_full, log_coarse, log_g[..., 0] + log_h, log_g[..., -1] + log_h
 
-  fa, ca, first_a, last_a = window(sg(a0), sg(a1))
-  fb, cb, first_b, last_b = window(sg(b0), sg(b1))
+  fa, ca, first_a, last_a = window(a0, a1)
+  fb, cb, first_b, last_b = window(b0, b1)
   log_j = jnp.logaddexp(fa, fb)
   log_coarse = jnp.logaddexp(ca, cb)
   eps = jnp.finfo(dtype).eps
-  # Exponential convergence: the full rule's error is far below the full/coarse gap. The gap
-  # is judged on log A (what is returned): d log A / log A = sigmoid(log(beta J)) d log J / log A.
+  # The gap is judged on log A (what is returned): d log A / log A = s(lbj) d log J with
+  # s = sigmoid(lbj) / softplus(lbj) <= 1, lbj = log(beta J).
   beta = alpha - 1
-  log_beta_j = jnp.log(jnp.where(beta > 0, beta, 1.0)) + log_j
-  log_a_value = jax.nn.softplus(log_beta_j)
-  tiny_j = log_beta_j < -20  # log A = beta J to 1e-9 relative: sensitivity 1
+  log_beta_j = lax.stop_gradient(jnp.log(jnp.where(beta > 0, beta, 1.0)) + log_j)
+  tiny_j = log_beta_j < -20
   lbj_safe = jnp.where(tiny_j, 0.0, log_beta_j)
-  sensitivity = jnp.where(tiny_j, 1.0, jax.nn.sigmoid(lbj_safe) / jax.nn.softplus(lbj_safe))
-  rel_gap = jnp.abs(log_coarse - log_j) * jnp.where(beta > 0, sensitivity, 1.0)
-  tol = jnp.sqrt(eps) * 4
-  # In the merged case the shared midpoint is interior, not an edge.
-  inner = jnp.where(merged, -jnp.inf, jnp.maximum(last_a, first_b))
+  sensitivity = jnp.where(tiny_j, 1.0, jax.nn.sigmoid(lbj_safe) / _softplus(lbj_safe))
+  rel_gap = jnp.abs(lax.stop_gradient(log_coarse - log_j)) * jnp.where(beta > 0, sensitivity, 1.0)
+  tol = math.sqrt(float(eps)) * 4
+  inner = jnp.where(merged, -jnp.inf, jnp.maximum(last_a, first_b))  # shared midpoint is interior
   edges = jnp.maximum(jnp.maximum(first_a, last_b), inner)
-  edge_ok = edges - log_j < jnp.log(eps) - 4
+  edge_ok = lax.stop_gradient(edges - log_j) < math.log(float(eps)) - 4
   failed = ~(rel_gap <= tol) | ~edge_ok | ~jnp.isfinite(log_j)
+  return log_j, failed
+
+
+def _log_j(q, sigma, alpha, num_nodes=None):
+  """log J on flat arrays: the fast rule everywhere, the fine rule where the fast one failed.
+
+  The fine rule runs only on the (compacted) elements that need it, a batch of static size at a
+  time, so its cost is paid only where the parameters demand it (mostly sigma < 1).
+  """
+  place = _placement(q, sigma, alpha)
+  if num_nodes is not None:  # one fixed rule (used by tests to study convergence)
+    return _quadrature(place, q, sigma, alpha, num_nodes)
+  log_j, failed = _quadrature(place, q, sigma, alpha, _FAST_NODES)
+  size = q.shape[0]
+  batch = max(1, min(size, _REFINE_BATCH))
+
+  def refine(state):
+    log_j, failed, pending = state
+    (idx,) = jnp.nonzero(pending, size=batch, fill_value=0)
+    valid = jnp.arange(batch) < jnp.sum(pending)
+    take = lambda v: v[idx]
+    sub_place = tuple(take(v) for v in place)
+    lj, fl = _quadrature(sub_place, take(q), take(sigma), take(alpha), _FINE_NODES)
+    idx_w = jnp.where(valid, idx, size)  # out-of-range writes are dropped
+    log_j = log_j.at[idx_w].set(lj, mode="drop")
+    failed = failed.at[idx_w].set(fl, mode="drop")
+    pending = pending.at[idx_w].set(False, mode="drop")
+    return log_j, failed, pending
+
+  log_j, failed, _ = lax.while_loop(lambda s: jnp.any(s[2]), refine, (log_j, failed, failed))
   return log_j, failed
 
 
@@ -332,7 +368,7 @@ def rdp_sampled_gaussian(q: jax.typing.ArrayLike, noise_multiplier: jax.typing.A
 _CHUNK = 4096  # elements per lax.map step: bounds memory at ~2 * 129 nodes * _CHUNK floats
 
 
-def _sampled_gaussian_terms(q, sigma, alpha, num_nodes: int = 2 * (_NODES_PER_WINDOW // 2) + 1):
+def _sampled_gaussian_terms(q, sigma, alpha, num_nodes=None):
   """(log A, RDP) with all special cases, evaluated in chunks of at most _CHUNK elements."""
   q = _validation.as_float_array(q)
   sigma = _validation.as_float_array(sigma)
@@ -341,9 +377,11 @@ def _sampled_gaussian_terms(q, sigma, alpha, num_nodes: int = 2 * (_NODES_PER_WI
   q, sigma, alpha = jnp.broadcast_arrays(q.astype(dtype), sigma.astype(dtype), alpha.astype(dtype))
   shape = q.shape
   size = q.size
+  if size == 0:
+    return q, q
   if size <= _CHUNK:
-    log_a_value, rdp = _terms(q, sigma, alpha, num_nodes)
-    return log_a_value, rdp
+    log_a_value, rdp = _terms(q.reshape(-1), sigma.reshape(-1), alpha.reshape(-1), num_nodes)
+    return log_a_value.reshape(shape), rdp.reshape(shape)
   n_chunks = -(-size // _CHUNK)
   pad = n_chunks * _CHUNK - size
 
@@ -365,7 +403,7 @@ def _terms(q, sigma, alpha, num_nodes):
   log_j, failed = _log_j(q_g, s_g, a_g, num_nodes)
   beta = a_g - 1
   beta_safe = jnp.where(beta > 0, beta, 1.0)
-  log_a_gen = jnp.where(beta > 0, jax.nn.softplus(jnp.log(beta_safe) + log_j), 0.0)
+  log_a_gen = jnp.where(beta > 0, _softplus(jnp.log(beta_safe) + log_j), 0.0)
   rdp_gen = jnp.where(beta > 0, log_a_gen / beta_safe, jnp.exp(log_j))
   inf = jnp.full_like(q, jnp.inf)
   log_a_gen = jnp.where(failed, inf, log_a_gen)
