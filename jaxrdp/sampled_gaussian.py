@@ -30,6 +30,7 @@ How it is computed (one kernel for integer and fractional orders, any float dtyp
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -116,8 +117,10 @@ def _log_integrand(z, sigma, log_q, log1m_q, q, alpha):
   ell_minus_u_big = log_q + _softplus(log1m_q - log_q - u)
   ell_moderate = jnp.log1p(q * jnp.expm1(jnp.minimum(u, 1.0)))
   big = u > 1
-  ell = jnp.where(big, u + ell_minus_u_big, ell_moderate)
-  ell_minus_u = jnp.where(big, ell_minus_u_big, ell_moderate - u)
+  # Where the series is used, ell = 1 stands in (double-where): log|ell| and its derivative
+  # 1/ell stay finite even when x underflows (tiny q), so no 0 * inf reaches the gradient.
+  ell = jnp.where(small, 1.0, jnp.where(big, u + ell_minus_u_big, ell_moderate))
+  ell_minus_u = jnp.where(small, 0.0, jnp.where(big, ell_minus_u_big, ell_moderate - u))
   abs_ell = jnp.abs(ell)
   abs_ell = jnp.where(abs_ell > 0, abs_ell, jnp.finfo(dtype).tiny)
   # P and N share the factor |ell| exprel(-beta |ell|):
@@ -128,7 +131,7 @@ def _log_integrand(z, sigma, log_q, log1m_q, q, alpha):
   log_p = jnp.where(positive, log_p_shifted + alpha * u, log_abs_x)
   log_n = jnp.where(positive, log_abs_x, ell + shared)
   # In the series region N/P -> 1; the cap keeps the unused branch finite (NaN-free gradients).
-  ratio = jnp.minimum(jnp.exp(log_n - log_p), _RATIO_CAP)
+  ratio = jnp.exp(jnp.minimum(log_n - log_p, math.log(_RATIO_CAP)))
   rest_direct = log_p_shifted + jnp.log1p(-ratio)
 
   rest = jnp.where(small, rest_series, rest_direct)
@@ -411,10 +414,18 @@ def rdp_sampled_gaussian(q: jax.typing.ArrayLike, noise_multiplier: jax.typing.A
   return _sampled_gaussian_terms(q, noise_multiplier, orders)[1]
 
 
-_CHUNK = 4096  # elements per lax.map step: bounds memory at ~2 * 129 nodes * _CHUNK floats
+_CHUNK = 4096  # elements per lax.map step: bounds memory at ~2 * 257 nodes * _CHUNK floats
 
 
 def _sampled_gaussian_terms(q, sigma, alpha, num_nodes=None):
+  q = _validation.as_float_array(q)
+  sigma = _validation.as_float_array(sigma)
+  alpha = _validation.as_float_array(alpha)
+  return _sampled_gaussian_jit(q, sigma, alpha, num_nodes)
+
+
+@functools.partial(jax.jit, static_argnames=("num_nodes",))
+def _sampled_gaussian_jit(q, sigma, alpha, num_nodes=None):
   """(log A, RDP) with all special cases, evaluated in chunks of at most _CHUNK elements."""
   q = _validation.as_float_array(q)
   sigma = _validation.as_float_array(sigma)
@@ -454,7 +465,7 @@ def _terms(q, sigma, alpha, num_nodes):
   beta = a_g - 1
   beta_safe = jnp.where(beta > 0, beta, 1.0)
   log_a_gen = jnp.where(beta > 0, _softplus(jnp.log(beta_safe) + log_j), 0.0)
-  rdp_gen = jnp.where(beta > 0, log_a_gen / beta_safe, jnp.exp(log_j))
+  rdp_gen = jnp.where(beta > 0, log_a_gen / beta_safe, jnp.exp(jnp.where(beta > 0, 0.0, log_j)))
   inf = jnp.full_like(q, jnp.inf)
   log_a_gen = jnp.where(failed, inf, log_a_gen)
   rdp_gen = jnp.where(failed, inf, rdp_gen)

@@ -1,0 +1,173 @@
+"""Behaviour of log_a / rdp_sampled_gaussian / compute_rdp beyond the reference points."""
+
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from dp_accounting.rdp import rdp_privacy_accountant as dpa
+from hypothesis import given, settings, strategies as st
+
+import jaxrdp
+
+DP_ORDERS = np.array([1 + x / 10 for x in range(1, 100)] + list(range(11, 64)) + [128, 256, 512, 1024])
+
+
+# --- special cases (closed forms) -------------------------------------------------------------
+
+def test_q_zero_is_zero():
+  assert float(jaxrdp.log_a(0.0, 1.3, 7.5)) == 0.0
+  assert np.all(np.asarray(jaxrdp.compute_rdp(0.0, 0.0, 10, [1.0, 2.5, np.inf])) == 0.0)
+
+
+def test_q_one_is_the_gaussian_mechanism():
+  # q = 1: log A = alpha (alpha - 1) / (2 sigma^2), RDP = alpha / (2 sigma^2) (Mironov 2017, Prop. 7).
+  alpha = np.array([1.0, 1.5, 2.0, 37.25, 4096.0])
+  np.testing.assert_allclose(jaxrdp.log_a(1.0, 0.7, alpha), alpha * (alpha - 1) / (2 * 0.49), rtol=1e-15)
+  np.testing.assert_allclose(jaxrdp.compute_rdp(1.0, 0.7, 3, alpha), 3 * alpha / (2 * 0.49), rtol=1e-15)
+
+
+def test_sigma_zero_and_alpha_inf_are_infinite():
+  assert np.isposinf(float(jaxrdp.log_a(0.1, 0.0, 2.0)))
+  assert np.isposinf(float(jaxrdp.log_a(0.1, 1.0, np.inf)))
+  assert np.isposinf(float(jaxrdp.compute_rdp(0.1, 1.0, 1, np.inf)))
+
+
+def test_order_one_is_the_kl_limit():
+  # RDP at alpha = 1 is the KL divergence: the limit of RDP(alpha) as alpha -> 1 (no 0/0).
+  for q, sigma in [(0.01, 1.0), (0.3, 0.8), (0.9, 3.0)]:
+    kl = float(jaxrdp.compute_rdp(q, sigma, 1, 1.0))
+    near = float(jaxrdp.compute_rdp(q, sigma, 1, 1.0 + 1e-7))
+    assert np.isfinite(kl) and kl > 0
+    assert abs(near - kl) / kl < 1e-5
+  np.testing.assert_allclose(jaxrdp.compute_rdp(1.0, 2.0, 1, 1.0), 1 / 8, rtol=1e-15)
+
+
+def test_zero_steps_spend_nothing_even_at_infinite_orders():
+  np.testing.assert_array_equal(jaxrdp.compute_rdp(0.1, 1.0, 0, [2.0, np.inf]), [0.0, 0.0])
+
+
+# --- agreement with dp_accounting -------------------------------------------------------------
+
+def _grid():
+  rng = np.random.default_rng(7)
+  q = 10 ** rng.uniform(-4, np.log10(0.5), 40)
+  sigma = rng.uniform(0.5, 5, 40)
+  return q, sigma
+
+
+def test_integer_orders_agree_with_dp_accounting():
+  # dp_accounting's integer-order sum is exact up to its own float64 rounding, which is
+  # absolute on log A = (alpha - 1) RDP (it sums A, not A - 1; up to ~1e-13 over long sums):
+  # compare log A to 1e-12 relative or 1e-12 absolute, whichever is looser. (Exactness itself
+  # is tested against mpmath in test_log_a_reference.py.)
+  q, sigma = _grid()
+  orders = np.array([2.0, 3, 5, 8, 16, 32, 63, 128, 256])
+  ours = np.asarray(jaxrdp.compute_rdp(q, sigma, 1, orders)) * (orders - 1)
+  for i in range(len(q)):
+    theirs = dpa._compute_rdp_poisson_subsampled_gaussian(q[i], sigma[i], orders) * (orders - 1)
+    tol = 1e-12 * np.maximum(theirs, 1.0)
+    np.testing.assert_array_less(np.abs(ours[i] - theirs), tol)
+
+
+def test_fractional_orders_never_exceed_dp_accounting():
+  # dp_accounting sums absolute values of the signed series: an over-estimate. Exact values
+  # are at most that (up to dp_accounting's own rounding of log A, ~1e-15 absolute).
+  q, sigma = _grid()
+  frac = DP_ORDERS[DP_ORDERS < 11]
+  ours = np.asarray(jaxrdp.compute_rdp(q, sigma, 1, frac))
+  strictly_below = 0
+  for i in range(len(q)):
+    theirs = dpa._compute_rdp_poisson_subsampled_gaussian(q[i], sigma[i], frac)
+    assert np.all(ours[i] * (frac - 1) <= theirs * (frac - 1) + 1e-13)
+    strictly_below += np.sum(ours[i] < theirs * (1 - 1e-9))
+  assert strictly_below > 0  # the over-estimate is visible, and jaxrdp does not share it
+
+
+def test_matches_dp_accounting_test_values():
+  # dp_accounting's test_compute_rdp_poisson_sampled_gaussian (q=0.01, sigma=2.5, 50 steps):
+  # values at integer orders are exact; at 1.5 and 2.5 dp_accounting over-estimates.
+  orders = np.array([1.5, 2.5, 5, 50, 100, np.inf])
+  expected = np.array([6.70579741e-04, 1.08548710e-03, 2.18075656e-03, 2.38460375e-02, 1.67416308e02, np.inf])
+  ours = np.asarray(jaxrdp.compute_rdp(0.01, 2.5, 50, orders))
+  np.testing.assert_allclose(ours[2:], expected[2:], rtol=1e-8)
+  assert np.all(ours[:2] <= expected[:2] * (1 + 1e-8))
+
+
+# --- transformations --------------------------------------------------------------------------
+
+def test_jit_vmap_and_eager_agree():
+  q, sigma = _grid()
+  orders = jnp.asarray([1.5, 2.0, 7.3, 64.0])
+  eager = jaxrdp.compute_rdp(q, sigma, 1, orders)
+  jitted = jax.jit(jaxrdp.compute_rdp)(q, sigma, 1, orders)
+  mapped = jax.vmap(lambda a, b: jaxrdp.compute_rdp(a, b, 1, orders))(q, sigma)
+  np.testing.assert_allclose(jitted, eager, rtol=1e-14)
+  np.testing.assert_allclose(mapped, eager, rtol=1e-14)
+
+
+def test_gradient_matches_finite_differences_in_alpha():
+  # d log A / d alpha (fractional and integer orders alike), central differences, float64.
+  for q, sigma, alpha in [(0.01, 1.1, 4.7), (0.2, 2.0, 3.0), (1e-3, 0.8, 12.5)]:
+    g = float(jax.grad(jaxrdp.log_a, argnums=2)(q, sigma, alpha))
+    h = 1e-5
+    fd = (float(jaxrdp.log_a(q, sigma, alpha + h)) - float(jaxrdp.log_a(q, sigma, alpha - h))) / (2 * h)
+    assert abs(g - fd) <= 1e-6 * abs(fd)
+
+
+@pytest.mark.parametrize("q,sigma,alpha", [
+    (1e-12, 1.0, 2.0), (1e-300, 2.0, 5.5), (1.0, 1.0, 3.5), (1 - 1e-12, 0.5, 2.5),
+    (0.5, 1e4, 1.5), (0.1, 0.1, 4096.0), (0.01, 1.0, 1.0), (0.0, 1.0, 2.0)])
+def test_gradients_are_finite_at_the_edges(q, sigma, alpha):
+  grads = jax.grad(lambda *a: jaxrdp.compute_rdp(*a[:2], 1, a[2]), argnums=(0, 1, 2))(
+      jnp.float64(q), jnp.float64(sigma), jnp.float64(alpha))
+  assert all(np.isfinite(float(g)) for g in grads), grads
+
+
+def test_float32_in_float32_out():
+  out = jaxrdp.compute_rdp(jnp.float32(0.01), jnp.float32(1.1), 100, jnp.asarray([2.5, 8.0], jnp.float32))
+  assert out.dtype == jnp.float32
+
+
+def test_import_leaves_x64_alone():
+  code = "import jax, jaxrdp; print(jax.config.jax_enable_x64)"
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == "False"
+
+
+# --- properties (hypothesis) --------------------------------------------------------------------
+
+qs = st.floats(1e-6, 1.0)
+sigmas = st.floats(0.3, 50.0)
+alphas = st.floats(1.01, 300.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(qs, sigmas, alphas)
+def test_log_a_is_non_negative(q, sigma, alpha):
+  assert float(jaxrdp.log_a(q, sigma, alpha)) >= 0.0
+
+
+@settings(max_examples=30, deadline=None)
+@given(qs, sigmas, alphas, st.floats(1.0001, 1.5))
+def test_rdp_non_decreasing_in_alpha(q, sigma, alpha, factor):
+  r = np.asarray(jaxrdp.compute_rdp(q, sigma, 1, [alpha, alpha * factor]))
+  assert r[1] >= r[0] * (1 - 1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(qs, sigmas, alphas, st.floats(1.0001, 2.0))
+def test_monotone_in_q_and_sigma(q, sigma, alpha, factor):
+  base = float(jaxrdp.log_a(q / factor, sigma, alpha))
+  assert float(jaxrdp.log_a(q, sigma, alpha)) >= base * (1 - 1e-12)          # non-decreasing in q
+  assert float(jaxrdp.log_a(q, sigma * factor, alpha)) <= float(jaxrdp.log_a(q, sigma, alpha)) * (1 + 1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(qs, sigmas, st.floats(1.05, 100.0), st.floats(0.02, 3.0))
+def test_log_a_convex_in_alpha(q, sigma, alpha, step):
+  # (alpha - 1) RDP(alpha) = log A_alpha is convex in alpha (a cumulant generating function).
+  lo, mid, hi = np.asarray(jaxrdp.log_a(q, sigma, [alpha, alpha + step, alpha + 2 * step]))
+  assert mid <= 0.5 * (lo + hi) + 1e-12 * hi
