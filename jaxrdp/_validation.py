@@ -42,7 +42,6 @@ def check_range(name: str, x, *, lo=None, hi=None, lo_open=False, hi_open=False,
     bad |= np.isnan(v)
   if not allow_inf:
     bad |= np.isinf(v)
-  finite = v[~np.isnan(v)]
   left = "(" if lo_open else "["
   right = ")" if hi_open else "]"
   interval = f"{left}{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}{right}"
@@ -53,9 +52,8 @@ def check_range(name: str, x, *, lo=None, hi=None, lo_open=False, hi_open=False,
       bad |= (v >= hi) if hi_open else (v > hi)
   if np.any(bad):
     example = v[bad].ravel()[0]
-    del finite
     raise ValueError(f"{name} must lie in {interval}{'' if allow_inf else ' and be finite'}; "
-                     f"got {example!r}.")
+                     f"got {float(example)!r}.")
 
 
 def as_float_array(x) -> jax.Array:

@@ -47,5 +47,7 @@ def compute_rdp(q: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
   rdp = sampled_gaussian.rdp_sampled_gaussian(
       jnp.broadcast_to(q, batch)[expand], jnp.broadcast_to(sigma, batch)[expand], orders)
   t = jnp.broadcast_to(steps, batch)[expand].astype(rdp.dtype)
-  # 0 steps spend nothing, even at orders where one step is infinite.
-  return jnp.where(t == 0, jnp.zeros_like(rdp), t * rdp)
+  # 0 steps spend nothing, even at orders where one step is infinite; under jit, negative or
+  # NaN steps give NaN.
+  out = jnp.where(t == 0, jnp.zeros_like(rdp), t * rdp)
+  return jnp.where(t >= 0, out, jnp.nan)

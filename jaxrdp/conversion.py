@@ -95,7 +95,9 @@ def compute_epsilon(orders: jax.typing.ArrayLike, rdp: jax.typing.ArrayLike,
   best = jnp.take_along_axis(eps, idx[..., None], axis=-1)[..., 0]
   order = jnp.broadcast_to(orders, eps.shape)
   order = jnp.take_along_axis(order, idx[..., None], axis=-1)[..., 0]
-  return jnp.maximum(best, 0.0), order
+  # Under jit the eager checks do not run: delta outside (0, 1) gives NaN.
+  bad = ~((delta[..., 0] > 0) & (delta[..., 0] < 1))
+  return jnp.where(bad, jnp.nan, jnp.maximum(best, 0.0)), jnp.where(bad, jnp.nan, order)
 
 
 def compute_delta(orders: jax.typing.ArrayLike, rdp: jax.typing.ArrayLike,
@@ -142,4 +144,5 @@ def compute_delta(orders: jax.typing.ArrayLike, rdp: jax.typing.ArrayLike,
   idx = jnp.argmin(log_delta, axis=-1)
   best = jnp.take_along_axis(log_delta, idx[..., None], axis=-1)[..., 0]
   order = jnp.take_along_axis(jnp.broadcast_to(orders, log_delta.shape), idx[..., None], axis=-1)[..., 0]
-  return jnp.minimum(jnp.exp(best), 1.0), order
+  bad = ~(eps[..., 0] >= 0)  # under jit: negative or NaN epsilon gives NaN
+  return jnp.where(bad, jnp.nan, jnp.minimum(jnp.exp(best), 1.0)), jnp.where(bad, jnp.nan, order)

@@ -481,5 +481,6 @@ def _terms(q, sigma, alpha, num_nodes):
   rdp_out = jnp.where(q == 0, zero, jnp.where(blows_up, inf, jnp.where(q == 1, rdp_q1, rdp_gen)))
   # A_1 = 1 exactly: log A vanishes at alpha = 1 whatever q and sigma.
   log_a_out = jnp.where(alpha == 1, zero, log_a_out)
-  nan = jnp.isnan(q) | jnp.isnan(sigma) | jnp.isnan(alpha)
-  return jnp.where(nan, jnp.nan, log_a_out), jnp.where(nan, jnp.nan, rdp_out)
+  # Under jit the eager range checks do not run: out-of-range inputs give NaN, never a number.
+  invalid = ~((q >= 0) & (q <= 1) & (sigma >= 0) & (alpha >= 1))
+  return jnp.where(invalid, jnp.nan, log_a_out), jnp.where(invalid, jnp.nan, rdp_out)
