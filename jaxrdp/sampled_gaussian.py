@@ -39,15 +39,16 @@ from jax import lax
 
 from jaxrdp import _validation
 
-_FAST_NODES = 49          # nodes per window, first pass (odd: the every-second-node check)
-_FINE_NODES = 257         # nodes per window where the first pass fails its checks
-_REFINE_BATCH = 256       # elements refined at a time
+_FIRST_NODES = 33         # nodes per window at level 0 (odd: the every-second-node check)
+_LEVELS = 5               # levels 0..4: 41, 81, 161, 321, 641 nodes per window
+_REFINE_BATCH = 512       # elements refined at a time (compacted)
 _ERROR_TOL_ULPS = 32      # accepted estimated relative error of log A, in units of eps
 _SERIES_TERMS = 16        # Taylor terms of (1+x)^a - 1 - a x around x = 0 ...
 _SERIES_RADIUS = 0.1      # ... used for |x| <= min(0.1, 1/(2 alpha)): terms shrink by >= 10x
 _RATIO_CAP = 0.999        # N/P <= 0.95 wherever the direct branch is used
-_BISECTION_STEPS = 52
-_TAIL_STEPS = 32
+_BISECTION_STEPS = 40
+_CHUNK = 4096             # elements per lax.map step at level 0 (bounds memory)
+_TAIL_STEPS = 24
 _HALF_WIDTH = 11.0        # window half-width in local standard deviations (e^{-60})
 
 
@@ -58,9 +59,17 @@ def _log_exprel_nonpositive(t):
   return jnp.where(nonzero, jnp.log(jnp.expm1(t_safe) / t_safe), 0.0)
 
 
+def _exp_floor(dtype):
+  """Smallest exponent whose exp is a normal number. Arguments of exp are clamped to it
+  where a result below it is negligible: subnormal arithmetic is ~100x slower on CPUs."""
+  return math.log(float(jnp.finfo(dtype).tiny)) + 1.0
+
+
 def _softplus(x):
-  """log(1 + e^x), stable; cheaper than jax.nn.softplus on CPU."""
-  return jnp.maximum(x, 0) + jnp.log1p(jnp.exp(-jnp.abs(x)))
+  """log(1 + e^x), stable; cheaper than jax.nn.softplus on CPU. Below e^-(~700) in float64
+  (e^-(~86) in float32) it returns that floor instead of a subnormal: an absolute change far
+  below the rounding of anything it is added to."""
+  return jnp.maximum(x, 0) + jnp.log1p(jnp.exp(jnp.maximum(-jnp.abs(x), _exp_floor(x.dtype))))
 
 
 def _log_integrand(z, sigma, log_q, log1m_q, q, alpha):
@@ -101,7 +110,8 @@ def _log_integrand(z, sigma, log_q, log1m_q, q, alpha):
   m = jnp.where(positive, jnp.where(small, 2.0, alpha), 0.0).astype(dtype)
 
   # Series branch; a safe non-zero x where it is not taken (double-where).
-  x_ser = jnp.exp(jnp.minimum(log_abs_x, jnp.log(x_small)))
+  # |x| below e^-60 x_small changes the series sum by < 1e-26: clamp (no subnormals).
+  x_ser = jnp.exp(jnp.clip(log_abs_x, jnp.log(x_small) - 60, jnp.log(x_small)))
   x_ser = jnp.where(positive, x_ser, -x_ser)
   # One running product c_j x^j: |c_{j+1} x / c_j| <= 1/2, so it neither overflows nor
   # loses the coefficient to an underflowing power in float32.
@@ -131,7 +141,7 @@ def _log_integrand(z, sigma, log_q, log1m_q, q, alpha):
   log_p = jnp.where(positive, log_p_shifted + alpha * u, log_abs_x)
   log_n = jnp.where(positive, log_abs_x, ell + shared)
   # In the series region N/P -> 1; the cap keeps the unused branch finite (NaN-free gradients).
-  ratio = jnp.exp(jnp.minimum(log_n - log_p, math.log(_RATIO_CAP)))
+  ratio = jnp.exp(jnp.clip(log_n - log_p, _exp_floor(dtype), math.log(_RATIO_CAP)))
   rest_direct = log_p_shifted + jnp.log1p(-ratio)
 
   rest = jnp.where(small, rest_series, rest_direct)
@@ -161,7 +171,8 @@ def _modes(q_logit, sigma, alpha):
   """
   s2 = sigma * sigma
   z_center = 0.5 - s2 * q_logit  # where p = 1/2
-  p_of = lambda z: jax.nn.sigmoid((z - z_center) / s2)
+  floor = _exp_floor(s2.dtype)
+  p_of = lambda z: jax.nn.sigmoid(jnp.clip((z - z_center) / s2, floor, -floor))
   h = lambda z: z - alpha * p_of(z)
   c = s2 / alpha
   has_turns = c < 0.25
@@ -194,7 +205,10 @@ def _logsumexp(x, axis=-1):
   """log sum exp over ``axis``; -inf when every entry is -inf (lean version for CPU speed)."""
   top = jnp.max(x, axis=axis, keepdims=True)
   top = lax.stop_gradient(jnp.where(jnp.isfinite(top), top, 0.0))
-  return jnp.log(jnp.sum(jnp.exp(x - top), axis=axis)) + jnp.squeeze(top, axis)
+  # Terms below e^-(~700) of the largest are dropped rather than summed as subnormals.
+  terms = jnp.exp(jnp.maximum(x - top, _exp_floor(x.dtype)))
+  terms = jnp.where(x - top >= _exp_floor(x.dtype), terms, 0.0)
+  return jnp.log(jnp.sum(terms, axis=axis)) + jnp.squeeze(top, axis)
 
 
 def _placement(q, sigma, alpha):
@@ -244,123 +258,170 @@ def _placement(q, sigma, alpha):
   return (a0, a1, b0, b1, merged)
 
 
-def _quadrature(place, q, sigma, alpha, num_nodes):
-  r"""log :math:`J = (A_\alpha - 1)/(\alpha - 1)` by the trapezoidal rule on the two windows.
-
-  Returns ``(log_j, failed)``; ``failed`` marks results that did not pass the checks:
-  the rule on every second node agrees with the full rule (exponential convergence makes the
-  full rule's error far smaller than that gap), and the integrand has decayed at the edges.
-  """
-  a0, a1, b0, b1, merged = place
+def _window_sums(z0, z1, q, sigma, alpha, num_nodes, offset=0.0):
+  """Trapezoidal sums on [z0, z1] with ``num_nodes`` nodes (or, with offset = 0.5, the
+  ``num_nodes - 1`` midpoints between them, unweighted): (log sum full, log sum every second
+  node, log G at z0, log G at z1), each times the step. Works elementwise over leading axes."""
   dtype = q.dtype
-  log_q = jnp.log(q)
-  log1m_q = jnp.log1p(-q)
-  t = jnp.linspace(0.0, 1.0, num_nodes, dtype=dtype)
+  expand = lambda v: v[..., None]
+  if offset:
+    t = (jnp.arange(num_nodes - 1, dtype=dtype) + offset) / (num_nodes - 1)
+  else:
+    t = jnp.linspace(0.0, 1.0, num_nodes, dtype=dtype)
+  z = expand(z0) + expand(z1 - z0) * t
+  log_h = jnp.log((z1 - z0) / (num_nodes - 1))
+  log_g = _log_integrand(z, expand(sigma), expand(jnp.log(q)), expand(jnp.log1p(-q)), expand(q),
+                         expand(alpha))
+  if offset:
+    return _logsumexp(log_g) + log_h
   idx = jnp.arange(num_nodes)
   end_weight = jnp.where((idx == 0) | (idx == num_nodes - 1), math.log(0.5), 0.0).astype(dtype)
-  expand = lambda v: v[..., None]
+  full = _logsumexp(log_g + end_weight) + log_h
+  coarse = _logsumexp(log_g[..., ::2] + end_weight[::2]) + log_h + math.log(2)
+  return full, coarse, log_g[..., 0] + log_h, log_g[..., -1] + log_h
 
-  def window(z0, z1):
-    z = expand(z0) + expand(z1 - z0) * t
-    log_h = jnp.log((z1 - z0) / (num_nodes - 1))
-    log_g = _log_integrand(z, expand(sigma), expand(log_q), expand(log1m_q), expand(q), expand(alpha))
-    # The rule on every node and on every second node (num_nodes is odd).
-    sums = tuple(_logsumexp(log_g[..., ::k] + end_weight[::k]) + log_h + math.log(k)
-                 for k in (1, 2))
-    return sums, log_g[..., 0] + log_h, log_g[..., -1] + log_h
 
-  sums_a, first_a, last_a = window(a0, a1)
-  sums_b, first_b, last_b = window(b0, b1)
-  log_t1, log_t2 = (jnp.logaddexp(sa, sb) for sa, sb in zip(sums_a, sums_b))
-  log_j = log_t1
+def _assess(log_j, log_j_coarse, edge, h, sigma, alpha):
+  r"""True where the rule's result cannot be certified to _ERROR_TOL_ULPS ulps of log A.
+
+  For an integrand analytic in the strip :math:`|\Im z| < d`, the trapezoidal error behaves
+  as :math:`C e^{-2\pi d/h}`: halving h multiplies it by :math:`\rho = e^{-\pi d/h}`, so
+  :math:`E(h) = \rho/(1-\rho)\,|T(h) - T(2h)|`. Here :math:`d = \pi\sigma^2` (the branch
+  point of :math:`\log(1+x)` at :math:`z_0 + i\pi\sigma^2`); the Gaussian factor converges
+  faster (:math:`\rho = e^{-1.5\pi^2\sigma^2/h^2}`), so the larger rho is a safe rate. The
+  gap is judged on log A (what is returned): :math:`d\log A/\log A = s\, d\log J` with
+  :math:`s = \mathrm{sigmoid}(\ell)/\mathrm{softplus}(\ell) \le 1`, :math:`\ell = \log(\beta J)`.
+  The integrand must also have decayed at the window edges.
+  """
+  sg = lax.stop_gradient
+  log_j, log_j_coarse, edge, h = sg(log_j), sg(log_j_coarse), sg(edge), sg(h)
+  dtype = log_j.dtype
   eps = float(jnp.finfo(dtype).eps)
-  # Error estimate. For an integrand analytic in the strip |Im z| < d, the trapezoidal error
-  # behaves as C exp(-2 pi d / h), so halving h multiplies it by rho = exp(-pi d / h), and
-  # E(h) = rho / (1 - rho) |T(h) - T(2h)|. Here d = pi sigma^2 (the branch point of
-  # log(1 + x) at z0 + i pi sigma^2); the Gaussian factor converges faster still
-  # (rho = exp(-1.5 pi^2 sigma^2 / h^2)), so the larger of the two rhos is a safe rate.
-  # The gap is judged on log A (what is returned): d log A / log A = s d log J with
-  # s = sigmoid(lbj) / softplus(lbj) <= 1, lbj = log(beta J).
-  h = lax.stop_gradient(jnp.maximum(a1 - a0, b1 - b0) / (num_nodes - 1))
-  s2 = sigma * sigma
+  s2 = sg(sigma * sigma)
   log_rho = jnp.maximum(-math.pi ** 2 * s2 / h, -1.5 * math.pi ** 2 * s2 / (h * h))
-  rho = jnp.exp(lax.stop_gradient(log_rho))
-  beta = alpha - 1
-  log_beta_j = lax.stop_gradient(jnp.log(jnp.where(beta > 0, beta, 1.0)) + log_j)
+  rho = jnp.exp(log_rho)
+  beta = sg(alpha) - 1
+  log_beta_j = jnp.log(jnp.where(beta > 0, beta, 1.0)) + log_j
   tiny_j = log_beta_j < -20
   lbj_safe = jnp.where(tiny_j, 0.0, log_beta_j)
   sensitivity = jnp.where(tiny_j | (beta <= 0), 1.0, jax.nn.sigmoid(lbj_safe) / _softplus(lbj_safe))
-  gap = lax.stop_gradient(jnp.abs(log_t1 - log_t2)) * sensitivity
-  error = gap * rho / (1 - rho)
+  error = jnp.abs(log_j - log_j_coarse) * sensitivity * rho / (1 - rho)
+  edge_ok = edge - log_j < math.log(eps) - 4
+  return ~(error <= _ERROR_TOL_ULPS * eps) | ~edge_ok | ~jnp.isfinite(log_j)
+
+
+def _step(place, num_nodes):
+  a0, a1, b0, b1, _ = place
+  return jnp.maximum(a1 - a0, b1 - b0) / (num_nodes - 1)
+
+
+def _quadrature(place, q, sigma, alpha, num_nodes):
+  """(log J, failed) by the trapezoidal rule with ``num_nodes`` nodes on each window."""
+  state = _first_level(place, q, sigma, alpha, num_nodes)
+  return state[0], state[-1]
+
+
+def _first_level(place, q, sigma, alpha, num_nodes):
+  """(log J, log T_a, log T_b, edge, failed) with ``num_nodes`` nodes per window."""
+  a0, a1, b0, b1, merged = place
+  fa, ca, first_a, last_a = _window_sums(a0, a1, q, sigma, alpha, num_nodes)
+  fb, cb, first_b, last_b = _window_sums(b0, b1, q, sigma, alpha, num_nodes)
+  log_j = jnp.logaddexp(fa, fb)
   inner = jnp.where(merged, -jnp.inf, jnp.maximum(last_a, first_b))  # shared midpoint is interior
-  edges = jnp.maximum(jnp.maximum(first_a, last_b), inner)
-  edge_ok = lax.stop_gradient(edges - log_j) < math.log(eps) - 4
-  failed = ~(error <= _ERROR_TOL_ULPS * eps) | ~edge_ok | ~jnp.isfinite(log_j)
-  return log_j, failed
+  edge = jnp.maximum(jnp.maximum(first_a, last_b), inner)
+  failed = _assess(log_j, jnp.logaddexp(ca, cb), edge, _step(place, num_nodes), sigma, alpha)
+  return log_j, fa, fb, edge, failed
 
 
 def _rule_with_grad(place, q, sigma, alpha, num_nodes):
-  """(log J, failed, d log J / d(q, sigma, alpha)) per element; windows held fixed."""
+  """d log J / d(q, sigma, alpha) per element, shape (n, 3): windows held fixed."""
   def one(place_i, q_i, s_i, a_i):
-    fn = lambda q_, s_, a_: _quadrature(place_i, q_, s_, a_, num_nodes)
-    (log_j, failed), grads = jax.value_and_grad(fn, argnums=(0, 1, 2), has_aux=True)(q_i, s_i, a_i)
-    return log_j, failed, jnp.stack(grads)
+    fn = lambda q_, s_, a_: _quadrature(place_i, q_, s_, a_, num_nodes)[0]
+    return jnp.stack(jax.grad(fn, argnums=(0, 1, 2))(q_i, s_i, a_i))
   return jax.vmap(one)(place, q, sigma, alpha)
 
 
-def _two_level(q, sigma, alpha, with_grad):
-  """log J on flat arrays: the fast rule everywhere, the fine rule where the fast one failed.
+def _compacted(fn, mask, batch, arrays, outs):
+  """Apply ``fn`` to the elements of ``arrays`` (pytree of flat arrays) where ``mask`` holds,
+  ``batch`` at a time, writing its results into ``outs`` (a pytree of full-size arrays)."""
+  size = mask.shape[0]
 
-  The fine rule runs only on the (compacted) elements that need it, a batch of static size
-  at a time, so its cost is paid only where the parameters demand it. Elements that fail
-  both rules get log J = +inf. With ``with_grad``, also d log J / d(q, sigma, alpha),
-  shape (3, n): the quadrature of the integrand's derivatives on the same nodes.
-  """
-  place = _placement(q, sigma, alpha)
-  size = q.shape[0]
-  batch = max(1, min(size, _REFINE_BATCH))
-
-  def rule(pl, q_, s_, a_, n):
-    if with_grad:
-      return _rule_with_grad(pl, q_, s_, a_, n)
-    log_j, failed = _quadrature(pl, q_, s_, a_, n)
-    return log_j, failed, jnp.zeros(q_.shape + (3,), q_.dtype)
-  log_j, failed, grads = rule(place, q, sigma, alpha, n=_FAST_NODES)
-
-  def refine(state):
-    log_j, failed, grads, pending = state
+  def body(state):
+    outs, pending = state
     (idx,) = jnp.nonzero(pending, size=batch, fill_value=0)
     valid = jnp.arange(batch) < jnp.sum(pending)
-    take = lambda v: v[idx]
-    lj, fl, gr = rule(tuple(take(v) for v in place), take(q), take(sigma), take(alpha),
-                      n=_FINE_NODES)
+    new = fn(jax.tree_util.tree_map(lambda v: v[idx], arrays))
     idx_w = jnp.where(valid, idx, size)  # out-of-range writes are dropped
-    log_j = log_j.at[idx_w].set(lj, mode="drop")
-    failed = failed.at[idx_w].set(fl, mode="drop")
-    grads = grads.at[idx_w].set(gr, mode="drop")
-    pending = pending.at[idx_w].set(False, mode="drop")
-    return log_j, failed, grads, pending
+    outs = jax.tree_util.tree_map(lambda o, n: o.at[idx_w].set(n, mode="drop"), outs, new)
+    return outs, pending.at[idx_w].set(False, mode="drop")
 
-  log_j, failed, grads, _ = lax.while_loop(lambda st: jnp.any(st[3]), refine,
-                                           (log_j, failed, grads, failed))
-  log_j = jnp.where(failed, jnp.inf, log_j)
-  grads = jnp.where(failed[:, None], 0.0, grads)
-  return log_j, grads
+  outs, _ = lax.while_loop(lambda st: jnp.any(st[1]), body, (outs, mask))
+  return outs
+
+
+def _multilevel(q, sigma, alpha):
+  """log J and the final level per element (flat arrays), +inf where never certified.
+
+  Level 0 uses _FIRST_NODES nodes per window on every element (in chunks, for memory).
+  Each further level halves the step by evaluating only the new midpoints, and only for the
+  elements still uncertified (compacted, _REFINE_BATCH at a time): the cost follows what the
+  parameters demand (small sigma needs more levels).
+  """
+  size = q.shape[0]
+  place = _placement(q, sigma, alpha)
+  first = lambda xs: _first_level(xs[0], *xs[1:], _FIRST_NODES)
+  if size <= _CHUNK:
+    log_j, log_ta, log_tb, edge, failed = first((place, q, sigma, alpha))
+  else:
+    n_chunks = -(-size // _CHUNK)
+    pad = n_chunks * _CHUNK - size
+    chunk = lambda v: jnp.concatenate([v, jnp.broadcast_to(v[:1], (pad,))]).reshape(n_chunks, _CHUNK)
+    out = lax.map(first, jax.tree_util.tree_map(chunk, (place, q, sigma, alpha)))
+    log_j, log_ta, log_tb, edge, failed = (v.reshape(-1)[:size] for v in out)
+  level = jnp.zeros(size, jnp.int32)
+  batch = max(1, min(size, _REFINE_BATCH))
+  for lev in range(1, _LEVELS):
+    nodes = (_FIRST_NODES - 1) * 2 ** lev + 1
+
+    def refine(xs, nodes=nodes, lev=lev):
+      (a0, a1, b0, b1, merged), q_, s_, a_, lta, ltb, edge_ = xs
+      # T(h/2) = T(h)/2 + (h/2) * sum over the new midpoints.
+      coarse_nodes = (nodes + 1) // 2
+      mid_a = _window_sums(a0, a1, q_, s_, a_, coarse_nodes, offset=0.5)
+      mid_b = _window_sums(b0, b1, q_, s_, a_, coarse_nodes, offset=0.5)
+      lta2 = jnp.logaddexp(lta, mid_a) - math.log(2)
+      ltb2 = jnp.logaddexp(ltb, mid_b) - math.log(2)
+      lj2 = jnp.logaddexp(lta2, ltb2)
+      fl2 = _assess(lj2, jnp.logaddexp(lta, ltb), edge_, _step((a0, a1, b0, b1, merged), nodes), s_, a_)
+      return lj2, lta2, ltb2, fl2, jnp.full(fl2.shape, lev, jnp.int32)
+
+    log_j, log_ta, log_tb, failed, level = _compacted(
+        refine, failed, batch, (place, q, sigma, alpha, log_ta, log_tb, edge),
+        (log_j, log_ta, log_tb, failed, level))
+  return jnp.where(failed, jnp.inf, log_j), level, place
 
 
 @jax.custom_jvp
 def _log_j(q, sigma, alpha):
   """log J = log((A_alpha - 1)/(alpha - 1)) on flat arrays; +inf where it cannot be certified."""
-  return _two_level(q, sigma, alpha, with_grad=False)[0]
+  return _multilevel(q, sigma, alpha)[0]
 
 
 @_log_j.defjvp
 def _log_j_jvp(primals, tangents):
-  # The refinement loop is not reverse-differentiable; its derivative is: the windows do not
+  # The refinement loops are not reverse-differentiable; the derivative is: the windows do not
   # depend on the parameters (they only decide where to look), so d log J is the quadrature
-  # of the integrand's derivative on the same nodes. The tangent is linear in the inputs'
-  # tangents, so JAX can transpose it for reverse mode.
-  log_j, grads = _two_level(*primals, with_grad=True)
+  # of the integrand's derivative on the same nodes, at the level each element reached. The
+  # tangent is linear in the inputs' tangents, so JAX transposes it for reverse mode.
+  q, sigma, alpha = primals
+  log_j, level, place = _multilevel(q, sigma, alpha)
+  size = q.shape[0]
+  batch = max(1, min(size, _REFINE_BATCH))
+  grads = jnp.zeros((size, 3), q.dtype)
+  for lev in range(_LEVELS):
+    nodes = (_FIRST_NODES - 1) * 2 ** lev + 1
+    fn = lambda xs, nodes=nodes: _rule_with_grad(*xs, nodes)
+    grads = _compacted(fn, (level == lev) & jnp.isfinite(log_j), batch, (place, q, sigma, alpha), grads)
   tangent = sum(grads[:, i] * t for i, t in enumerate(tangents))
   return log_j, tangent
 
@@ -414,7 +475,6 @@ def rdp_sampled_gaussian(q: jax.typing.ArrayLike, noise_multiplier: jax.typing.A
   return _sampled_gaussian_terms(q, noise_multiplier, orders)[1]
 
 
-_CHUNK = 4096  # elements per lax.map step: bounds memory at ~2 * 257 nodes * _CHUNK floats
 
 
 def _sampled_gaussian_terms(q, sigma, alpha, num_nodes=None):
@@ -426,29 +486,18 @@ def _sampled_gaussian_terms(q, sigma, alpha, num_nodes=None):
 
 @functools.partial(jax.jit, static_argnames=("num_nodes",))
 def _sampled_gaussian_jit(q, sigma, alpha, num_nodes=None):
-  """(log A, RDP) with all special cases, evaluated in chunks of at most _CHUNK elements."""
+  """(log A, RDP) with all special cases. Memory stays bounded for any size: the kernel's
+  node-level work runs in chunks (level 0) or compacted batches (refinement, gradients)."""
   q = _validation.as_float_array(q)
   sigma = _validation.as_float_array(sigma)
   alpha = _validation.as_float_array(alpha)
   dtype = jnp.result_type(q, sigma, alpha)
   q, sigma, alpha = jnp.broadcast_arrays(q.astype(dtype), sigma.astype(dtype), alpha.astype(dtype))
   shape = q.shape
-  size = q.size
-  if size == 0:
+  if q.size == 0:
     return q, q
-  if size <= _CHUNK:
-    log_a_value, rdp = _terms(q.reshape(-1), sigma.reshape(-1), alpha.reshape(-1), num_nodes)
-    return log_a_value.reshape(shape), rdp.reshape(shape)
-  n_chunks = -(-size // _CHUNK)
-  pad = n_chunks * _CHUNK - size
-
-  def prep(v, fill):
-    v = jnp.concatenate([v.reshape(-1), jnp.full((pad,), fill, dtype)])
-    return v.reshape(n_chunks, _CHUNK)
-  log_a_value, rdp = lax.map(lambda xs: _terms(*xs, num_nodes),
-                             (prep(q, 0.5), prep(sigma, 1.0), prep(alpha, 2.0)))
-  unpad = lambda v: v.reshape(-1)[:size].reshape(shape)
-  return unpad(log_a_value), unpad(rdp)
+  log_a_value, rdp = _terms(q.reshape(-1), sigma.reshape(-1), alpha.reshape(-1), num_nodes)
+  return log_a_value.reshape(shape), rdp.reshape(shape)
 
 
 def _terms(q, sigma, alpha, num_nodes):

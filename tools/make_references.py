@@ -107,10 +107,26 @@ q in [0, 1], sigma in [0.1, 1e4], alpha in (1, 4096]:
 A point is skipped (listed under "skipped") only if log A > 1e300, which
 cannot happen in this box (log A <= alpha(alpha-1)/(2 sigma^2) < 1e9).
 
+Float32 point set (``--float32``, see ``point_set_float32``; written to
+tests/data/log_a_reference_float32.json, same layout)
+----------------------------------------------------------------------
+Every q, sigma, alpha is exactly representable in binary32 (a numpy.float32
+converted to a Python float, so mpmath evaluates at exactly the float32 value):
+  <set> (dp_grid, edge_q, closed, edge_alpha, edge_sigma, random)
+              the points above rounded to float32 (round to nearest), duplicates
+              dropped, kept only if 0 <= q <= 1 and alpha > 1 (all are kept);
+  random_f32  60 further points (seed SEED_F32): q log-uniform in [1e-8, 1],
+              sigma log-uniform in [0.1, 1e4], alpha: even k integers
+              log-uniform in [2, 4096], odd k fractional log-uniform in (1, 4096]
+              (x + 0.5 if the float32 value is an integer); all rounded to float32.
+Same methods and cross-checks as above.
+
 Usage (from the repo root)::
 
-    /work/venv/bin/python tools/make_references.py           # full set (~8 min, one core)
-    /work/venv/bin/python tools/make_references.py --quick   # 8 points, prints only
+    /work/venv/bin/python tools/make_references.py                     # full set (~8 min, one core)
+    /work/venv/bin/python tools/make_references.py --quick             # 8 points, prints only
+    /work/venv/bin/python tools/make_references.py --float32           # float32 set (~9 min)
+    /work/venv/bin/python tools/make_references.py --float32 --quick   # 8 points rounded to float32
 """
 
 from __future__ import annotations
@@ -131,7 +147,10 @@ MP_DPS = 60  # precision of the stored references
 QUAD_DPS = 75  # working precision, main quadrature
 ALT_DPS = 95  # working precision, alternative quadrature
 SEED = 20240917
+SEED_F32 = 20240932  # extra random points of the float32 set
+N_RAND_F32 = 60
 OUT_PATH = os.path.join("tests", "data", "log_a_reference.json")
+OUT_PATH_F32 = os.path.join("tests", "data", "log_a_reference_float32.json")
 
 # ----------------------------------------------------------------------------
 # Closed forms and exact sums
@@ -632,6 +651,46 @@ def point_set(quick=False):
     return out
 
 
+def to_f32(x):
+    """Round to the nearest binary32 value, returned as an (exact) Python float."""
+    return float(np.float32(x))
+
+
+def point_set_float32(quick=False):
+    """Fixed, seeded list of (q, sigma, alpha, set-name), all float32-exact.
+
+    The points of ``point_set(quick)`` rounded to float32 (duplicates, q outside
+    [0, 1] and alpha <= 1 dropped), plus, unless `quick`, N_RAND_F32 random points.
+    """
+    pts = []
+    for q, s, a, tag in point_set(quick):
+        q, s, a = to_f32(q), to_f32(s), to_f32(a)
+        if 0.0 <= q <= 1.0 and a > 1.0:
+            pts.append((q, s, a, tag))
+    if not quick:
+        rng = np.random.default_rng(SEED_F32)
+        for k in range(N_RAND_F32):
+            q = to_f32(10.0 ** rng.uniform(-8.0, 0.0))
+            s = to_f32(10.0 ** rng.uniform(-1.0, 4.0))
+            if k % 2 == 0:  # integer, log-uniform in [2, 4096]
+                a = to_f32(round(2.0 ** rng.uniform(1.0, 12.0)))
+            else:  # fractional, log-uniform in (1, 4096]
+                a = 1.0
+                while a <= 1.0:
+                    a = to_f32(2.0 ** rng.uniform(0.0, 12.0))
+                if a.is_integer():
+                    a = to_f32(a + 0.5)
+            a = min(a, 4096.0)
+            pts.append((q, s, a, "random_f32"))
+    seen, out = set(), []
+    for p in pts:
+        assert all(float(np.float32(v)) == v for v in p[:3])
+        if p[:3] not in seen:
+            seen.add(p[:3])
+            out.append(p)
+    return out
+
+
 # ----------------------------------------------------------------------------
 # Driver
 # ----------------------------------------------------------------------------
@@ -751,7 +810,13 @@ def main(argv=None):
     ap.add_argument(
         "--out",
         default=None,
-        help="output path (default tests/data/log_a_reference.json; with --quick nothing is written unless given)",
+        help="output path (default tests/data/log_a_reference.json, with --float32 "
+        "tests/data/log_a_reference_float32.json; with --quick nothing is written unless given)",
+    )
+    ap.add_argument(
+        "--float32",
+        action="store_true",
+        help="the float32-exact point set (written to tests/data/log_a_reference_float32.json)",
     )
     ap.add_argument(
         "--tanh-sinh-every",
@@ -761,8 +826,9 @@ def main(argv=None):
     )
     args = ap.parse_args(argv)
     mp.dps = MP_DPS
-    pts = point_set(args.quick)
-    out_path = args.out or (None if args.quick else OUT_PATH)
+    pts = point_set_float32(args.quick) if args.float32 else point_set(args.quick)
+    default_out = OUT_PATH_F32 if args.float32 else OUT_PATH
+    out_path = args.out or (None if args.quick else default_out)
     t_start = time.time()
     records, skipped = [], []
     n_frac = 0
@@ -796,12 +862,21 @@ def main(argv=None):
             flush=True,
         )
     elapsed = time.time() - t_start
+    if args.float32:
+        inputs = (
+            "q, sigma, alpha are float32-exact: each is a binary32 value (stored as the "
+            "equal binary64 number), and the references are for exactly these inputs. "
+            "Points: the float64 set's points rounded to float32, plus random points "
+            "(set 'random_f32')."
+        )
+    else:
+        inputs = "q, sigma, alpha are the exact binary64 inputs."
     doc = {
-        "generated_by": "tools/make_references.py",
+        "generated_by": "tools/make_references.py" + (" --float32" if args.float32 else ""),
         "mp_dps": MP_DPS,
         "description": (
             "log A_alpha of the sampled Gaussian mechanism (Mironov et al. 2019) and its "
-            "derivatives w.r.t. q and sigma; q, sigma, alpha are the exact binary64 inputs. "
+            "derivatives w.r.t. q and sigma; " + inputs + " "
             "At q = 0 and q = 1 dlog_a_dq is the one-sided derivative. See the script's "
             "docstring for methods; 'checks' hold relative differences "
             "[log_a, dlog_a_dq, dlog_a_dsigma] against independent methods."
