@@ -40,7 +40,7 @@ from jax import lax
 from jaxrdp import _validation
 
 _FIRST_NODES = 33         # nodes per window at level 0 (odd: the every-second-node check)
-_LEVELS = 5               # levels 0..4: 41, 81, 161, 321, 641 nodes per window
+_LEVELS = 4               # levels 0..3: 33, 65, 129, 257 nodes per window
 _REFINE_BATCH = 512       # elements refined at a time (compacted)
 _ERROR_TOL_ULPS = 32      # accepted estimated relative error of log A, in units of eps
 _SERIES_TERMS = 16        # Taylor terms of (1+x)^a - 1 - a x around x = 0 ...
