@@ -14,6 +14,12 @@ Both also use the bound through the KL divergence, valid at every order since
 :math:`D_1 \le D_\alpha`: :math:`\delta \le \sqrt{1 - e^{-r_\alpha}}` gives ε = 0 whenever
 :math:`\delta^2 \ge 1 - e^{-r_\alpha}`.
 
+Rounding never makes ε or δ smaller than the truth: the RDP values are taken as accurate to
+``_RDP_ULPS`` units in the last place (jaxrdp's kernel is, in float64 and float32; see
+tests/test_log_a_reference.py) and raised by that much before converting, and the result is
+raised by a few more ulps for the conversion's own rounding. In float64 this moves ε by
+~1e-14 relative; in float32 by ~1e-5.
+
 Orders that give no information are skipped rather than allowed to poison the minimum:
 NaN orders or NaN RDP values count as +inf; α = ∞ uses the limit ε = r_∞ (dp_accounting's
 argmin picks the NaN it computes there and reports ε = 0). Every branch is computed with
@@ -28,6 +34,13 @@ import jax.numpy as jnp
 from jaxrdp import _validation
 
 _METHODS = ("improved", "classic")
+_RDP_ULPS = 64     # relative accuracy assumed of the RDP values, in units of eps
+_OUTPUT_ULPS = 8   # rounding allowance of the conversion formulas themselves, in units of eps
+
+
+def _round_up(rdp):
+  """RDP raised by its assumed relative error, so that every later step is on the safe side."""
+  return rdp * (1 + _RDP_ULPS * jnp.finfo(rdp.dtype).eps)
 
 
 def _check_curve(orders, rdp):
@@ -78,7 +91,7 @@ def compute_epsilon(orders: jax.typing.ArrayLike, rdp: jax.typing.ArrayLike,
   usable = ~jnp.isnan(orders) & ~jnp.isnan(rdp) & (orders >= 1)
   finite_order = jnp.isfinite(orders) & (orders > 1)
   a = jnp.where(finite_order, orders, 2.0)
-  r = jnp.where(usable & jnp.isfinite(rdp), rdp, 0.0)
+  r = jnp.where(usable & jnp.isfinite(rdp), _round_up(rdp), 0.0)
   log_delta = jnp.log(delta)
   if method == "improved":
     eps = r + jnp.log1p(-1 / a) - (log_delta + jnp.log(a)) / (a - 1)
@@ -97,7 +110,8 @@ def compute_epsilon(orders: jax.typing.ArrayLike, rdp: jax.typing.ArrayLike,
   order = jnp.take_along_axis(order, idx[..., None], axis=-1)[..., 0]
   # Under jit the eager checks do not run: delta outside (0, 1) gives NaN.
   bad = ~((delta[..., 0] > 0) & (delta[..., 0] < 1))
-  return jnp.where(bad, jnp.nan, jnp.maximum(best, 0.0)), jnp.where(bad, jnp.nan, order)
+  best = jnp.maximum(best, 0.0) * (1 + _OUTPUT_ULPS * jnp.finfo(best.dtype).eps)
+  return jnp.where(bad, jnp.nan, best), jnp.where(bad, jnp.nan, order)
 
 
 def compute_delta(orders: jax.typing.ArrayLike, rdp: jax.typing.ArrayLike,
@@ -125,7 +139,7 @@ def compute_delta(orders: jax.typing.ArrayLike, rdp: jax.typing.ArrayLike,
   finite_order = jnp.isfinite(orders) & (orders > 1)
   a = jnp.where(finite_order, orders, 2.0)
   r_finite = jnp.isfinite(rdp) & usable
-  r = jnp.where(r_finite, rdp, 1.0)
+  r = jnp.where(r_finite, _round_up(rdp), 1.0)
   inf = jnp.full(jnp.broadcast_shapes(r.shape, eps.shape), jnp.inf, r.dtype)
   # KL bound, 0.5 log(1 - e^{-r}); -inf at r = 0.
   r_pos = jnp.where(r > 0, r, 1.0)
@@ -145,4 +159,6 @@ def compute_delta(orders: jax.typing.ArrayLike, rdp: jax.typing.ArrayLike,
   best = jnp.take_along_axis(log_delta, idx[..., None], axis=-1)[..., 0]
   order = jnp.take_along_axis(jnp.broadcast_to(orders, log_delta.shape), idx[..., None], axis=-1)[..., 0]
   bad = ~(eps[..., 0] >= 0)  # under jit: negative or NaN epsilon gives NaN
+  # Rounding allowance of log(delta) itself (absolute, in units of eps times its size).
+  best = best + _OUTPUT_ULPS * jnp.finfo(best.dtype).eps * (1 + jnp.abs(jnp.where(jnp.isfinite(best), best, 0.0)))
   return jnp.where(bad, jnp.nan, jnp.minimum(jnp.exp(best), 1.0)), jnp.where(bad, jnp.nan, order)

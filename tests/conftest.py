@@ -17,10 +17,20 @@ jax.config.update("jax_enable_x64", True)
 DATA = pathlib.Path(__file__).parent / "data"
 
 
-@pytest.fixture(scope="session")
-def log_a_reference():
-  """The mpmath reference points (tools/make_references.py), as float64 numpy arrays."""
-  with open(DATA / "log_a_reference.json") as f:
+def _load(name):
+  with open(DATA / name) as f:
     points = json.load(f)["points"]
   col = lambda key: np.array([float(p[key]) for p in points])
   return {k: col(k) for k in ("q", "sigma", "alpha", "log_a", "dlog_a_dq", "dlog_a_dsigma")}
+
+
+@pytest.fixture(scope="session")
+def log_a_reference():
+  """The mpmath reference points (tools/make_references.py), as float64 numpy arrays."""
+  return _load("log_a_reference.json")
+
+
+@pytest.fixture(scope="session")
+def log_a_reference_float32():
+  """References at float32-exact inputs (tools/make_references.py --float32)."""
+  return _load("log_a_reference_float32.json")

@@ -73,8 +73,8 @@ def test_infinite_order_does_not_zero_epsilon():
 def test_infinite_order_with_finite_rdp_is_pure_dp():
   # A pure eps0-DP mechanism has RDP eps0 at alpha = inf: the limit of the conversion is eps0.
   eps, order = jaxrdp.compute_epsilon(np.array([2.0, np.inf]), np.array([5.0, 0.5]), 1e-5)
-  assert float(eps) == pytest.approx(0.5) and np.isposinf(float(order))
-  delta, _ = jaxrdp.compute_delta(np.array([2.0, np.inf]), np.array([5.0, 0.5]), 0.5)
+  assert float(eps) == pytest.approx(0.5, rel=1e-12) and float(eps) >= 0.5 and np.isposinf(float(order))
+  delta, _ = jaxrdp.compute_delta(np.array([2.0, np.inf]), np.array([5.0, 0.5]), 0.5001)
   assert float(delta) == 0.0
 
 
@@ -120,7 +120,7 @@ def test_jittable_and_differentiable_in_rdp():
   assert float(eps) == float(jaxrdp.compute_epsilon(orders, rdp, 1e-5)[0])
   grad = jax.grad(lambda r: jaxrdp.compute_epsilon(orders, r, 1e-5)[0])(rdp)
   # Envelope: d eps / d rdp is 1 at the optimal order and 0 elsewhere.
-  assert float(grad.sum()) == pytest.approx(1.0) and float(grad.max()) == 1.0
+  assert float(grad.sum()) == pytest.approx(1.0, rel=1e-12) and int(np.sum(np.asarray(grad) != 0)) == 1
   assert np.all(np.isfinite(np.asarray(jax.grad(lambda r: jaxrdp.compute_delta(orders, r, 2.0)[0])(rdp))))
 
 
