@@ -72,7 +72,7 @@ def _softplus(x):
   return jnp.maximum(x, 0) + jnp.log1p(jnp.exp(jnp.maximum(-jnp.abs(x), _exp_floor(x.dtype))))
 
 
-def _log_integrand(z, sigma, log_q, log1m_q, q, alpha):
+def _log_integrand(center, offset, sigma, log_q, log1m_q, q, alpha, m_ref):
   r"""log of the integrand :math:`\varphi_\sigma(z)\, g_\alpha(x)`, :math:`x = q(e^u - 1)`, :math:`u = (2z-1)/(2\sigma^2)`,
 
   where :math:`g_\alpha(x) = ((1+x)^\alpha - 1 - \alpha x)/(\alpha - 1) \ge 0`.
@@ -93,8 +93,14 @@ def _log_integrand(z, sigma, log_q, log1m_q, q, alpha):
     :math:`P = e^{\alpha\ell}\,\ell\,\mathrm{exprel}(-\beta\ell)`, :math:`N = x`; for :math:`x < 0`,
     :math:`P = -x`, :math:`N = -(1+x)\,\ell\,\mathrm{exprel}(\beta\ell)`.
 
+  The node is :math:`z = \mathrm{center} + \mathrm{offset}`, passed in two parts so that
+  :math:`z - m` keeps full precision when z is large (z ~ alpha ~ 4096 with sigma ~ 0.1 in
+  float32). The result is shifted by :math:`-m_{\rm ref}(m_{\rm ref}-1)/(2\sigma^2)` (the
+  caller adds it back after summing), which cancels exactly at nodes whose m equals m_ref.
+
   Returns ``-inf`` where :math:`x = 0` exactly (the integrand's double zero at z = 1/2).
   """
+  z = center + offset
   dtype = z.dtype
   s2 = sigma * sigma
   u = (2 * z - 1) / (2 * s2)
@@ -107,7 +113,6 @@ def _log_integrand(z, sigma, log_q, log1m_q, q, alpha):
   log1m_exp = jnp.log(-jnp.expm1(-jnp.abs(u)))
   log_abs_x = log_q + jnp.maximum(u, 0) + log1m_exp
   small = log_abs_x <= jnp.log(x_small)
-  m = jnp.where(positive, jnp.where(small, 2.0, alpha), 0.0).astype(dtype)
 
   # Series branch; a safe non-zero x where it is not taken (double-where).
   # |x| below e^-60 x_small changes the series sum by < 1e-26: clamp (no subnormals).
@@ -137,15 +142,27 @@ def _log_integrand(z, sigma, log_q, log1m_q, q, alpha):
   #   x > 0: log P - alpha u = alpha (ell - u) + log|ell| + log exprel(-beta ell),  N = x;
   #   x < 0: P = -x,  log N = ell + log|ell| + log exprel(beta ell).
   shared = jnp.log(abs_ell) + _log_exprel_nonpositive(-beta * abs_ell)
-  log_p_shifted = jnp.where(positive, alpha * ell_minus_u + shared, log_abs_x)
-  log_p = jnp.where(positive, log_p_shifted + alpha * u, log_abs_x)
+  # For x > 0 two exact forms of log P - m u: m = alpha, alpha (ell - u) + shared, whose
+  # Gaussian part m(m-1)/(2 s^2) - (z-m)^2/(2 s^2) is small near z = alpha; or m = 0,
+  # alpha ell + shared, with Gaussian part -z^2/(2 s^2). Each node takes the form whose
+  # largest term is smaller, so no two large terms cancel (what float32 needs).
+  p_alpha = alpha * ell_minus_u + shared
+  p_zero = alpha * ell + shared
+  size_alpha = jnp.maximum(jnp.maximum(alpha * alpha, (z - alpha) ** 2) / (2 * s2), jnp.abs(alpha * ell_minus_u))
+  size_zero = jnp.maximum(z * z / (2 * s2), jnp.abs(alpha * ell))
+  use_alpha = size_alpha < size_zero
+  m = jnp.where(positive, jnp.where(small, 2.0, jnp.where(use_alpha, alpha, 0.0)), 0.0).astype(dtype)
+  log_p_shifted = jnp.where(positive, jnp.where(use_alpha, p_alpha, p_zero), log_abs_x)
+  log_p = jnp.where(positive, p_zero, log_abs_x)
   log_n = jnp.where(positive, log_abs_x, ell + shared)
   # In the series region N/P -> 1; the cap keeps the unused branch finite (NaN-free gradients).
   ratio = jnp.exp(jnp.clip(log_n - log_p, _exp_floor(dtype), math.log(_RATIO_CAP)))
   rest_direct = log_p_shifted + jnp.log1p(-ratio)
 
   rest = jnp.where(small, rest_series, rest_direct)
-  gaussian = (m * (m - 1) - (z - m) ** 2) / (2 * s2) - jnp.log(sigma) - 0.5 * math.log(2 * math.pi)
+  z_minus_m = (center - m) + offset
+  gaussian = (((m - m_ref) * (m + m_ref - 1) - z_minus_m ** 2) / (2 * s2)
+              - jnp.log(sigma) - 0.5 * math.log(2 * math.pi))
   out = gaussian + rest
   return jnp.where(is_zero, jnp.full_like(out, -jnp.inf), out)
 
@@ -234,45 +251,54 @@ def _placement(q, sigma, alpha):
   lo_b = z_right - _HALF_WIDTH * w_right
   hi_b = z_right + _HALF_WIDTH * w_right
 
-  log_g_at = lambda z: _log_integrand(z, sigma, log_q, log1m_q, q, alpha)
+  zero = jnp.zeros_like(q)
+  log_g_at = lambda z, m_ref=zero: _log_integrand(z, zero, sigma, log_q, log1m_q, q, alpha, m_ref)
   depth = 14.0 - math.log(float(jnp.finfo(dtype).eps))
-  ref = jnp.maximum(jnp.maximum(log_g_at(z_left), log_g_at(z_right)),
-                    jnp.maximum(log_g_at(jnp.zeros_like(q)), log_g_at(2 * jnp.ones_like(q))))
+  low = jnp.maximum(jnp.maximum(log_g_at(z_left), log_g_at(zero)), log_g_at(2 * jnp.ones_like(q)))
+  # Reference power: the integrand is summed relative to m_ref (m_ref - 1)/(2 s^2), the large
+  # constant of its dominant bump, so that float32 keeps the bump's shape (see _log_integrand).
+  m_ref = jnp.where(log_g_at(z_right) > low, alpha, 2.0)
+  ref = jnp.maximum(log_g_at(z_right, m_ref), jnp.maximum(
+      jnp.maximum(log_g_at(z_left, m_ref), log_g_at(zero, m_ref)), log_g_at(2 * jnp.ones_like(q), m_ref)))
   # The (A-1) integrand can carry a heavier right shoulder than the modes' widths say (the
   # higher binomial bumps). It is bounded by A's integrand, log F = -z^2/(2 s^2) + alpha
-  # log(1-q+qL), which decreases beyond its largest mode: bisect for where F is `depth`
-  # nats below the peak.
-  log_f = lambda z: -z * z / (2 * s2) + alpha * (log1m_q + _softplus((2 * z - 1) / (2 * s2) + q_logit))
+  # log(1-q+qL) = alpha(alpha-1)/(2 s^2) - (z-alpha)^2/(2 s^2) + alpha (ell - u), which
+  # decreases beyond its largest mode: bisect for where F is `depth` nats below the peak.
+  def log_f(z):
+    ell_minus_u = log_q + _softplus(log1m_q - log_q - (2 * z - 1) / (2 * s2))
+    return ((alpha - m_ref) * (alpha + m_ref - 1) - (z - alpha) ** 2) / (2 * s2) + alpha * ell_minus_u
   log_norm = -jnp.log(sigma) - 0.5 * math.log(2 * math.pi)
   z_top = jnp.maximum(2.0, z_right)
   far = jnp.maximum(z_top, alpha) + 20 * sigma
   tail_end = _bisect(lambda z: ref - depth - (log_f(z) + log_norm), z_top, far, _TAIL_STEPS)
   hi_b = jnp.maximum(hi_b, tail_end)
   hi_a_alone = jnp.where(distinct, hi_a, jnp.maximum(hi_a, tail_end))
-  gap_small = jnp.maximum(log_g_at(hi_a), log_g_at(lo_b)) < ref - depth
+  gap_small = jnp.maximum(log_g_at(hi_a, m_ref), log_g_at(lo_b, m_ref)) < ref - depth
   merged = (lo_b <= hi_a) | ~gap_small
   hi_all = jnp.maximum(hi_a_alone, hi_b)
   mid = 0.5 * (lo_a + hi_all)
   a0, a1 = lo_a, jnp.where(merged, mid, hi_a)
   b0, b1 = jnp.where(merged, mid, lo_b), jnp.where(merged, hi_all, hi_b)
-  return (a0, a1, b0, b1, merged)
+  return (a0, a1, b0, b1, merged, m_ref)
 
 
-def _window_sums(z0, z1, q, sigma, alpha, num_nodes, offset=0.0):
-  """Trapezoidal sums on [z0, z1] with ``num_nodes`` nodes (or, with offset = 0.5, the
-  ``num_nodes - 1`` midpoints between them, unweighted): (log sum full, log sum every second
-  node, log G at z0, log G at z1), each times the step. Works elementwise over leading axes."""
+def _window_sums(z0, z1, q, sigma, alpha, m_ref, num_nodes, midpoints=False):
+  """Trapezoidal sums on [z0, z1] with ``num_nodes`` nodes: (log sum, log sum on every second
+  node, log G at z0, log G at z1), each times the step and relative to the reference constant
+  m_ref (m_ref - 1)/(2 sigma^2). With ``midpoints``, only the log sum over the
+  ``num_nodes - 1`` midpoints (times the step). Elementwise over leading axes."""
   dtype = q.dtype
   expand = lambda v: v[..., None]
-  if offset:
-    t = (jnp.arange(num_nodes - 1, dtype=dtype) + offset) / (num_nodes - 1)
-  else:
-    t = jnp.linspace(0.0, 1.0, num_nodes, dtype=dtype)
-  z = expand(z0) + expand(z1 - z0) * t
-  log_h = jnp.log((z1 - z0) / (num_nodes - 1))
-  log_g = _log_integrand(z, expand(sigma), expand(jnp.log(q)), expand(jnp.log1p(-q)), expand(q),
-                         expand(alpha))
-  if offset:
+  n = num_nodes - 1
+  j = jnp.arange(n if midpoints else num_nodes, dtype=dtype) + (0.5 if midpoints else 0.0)
+  # Nodes as center + offset (offsets are small and exact), see _log_integrand.
+  center = 0.5 * (z0 + z1)
+  half = 0.5 * (z1 - z0)
+  offset = expand(half) * ((2 * j - n) / n)
+  log_h = jnp.log((z1 - z0) / n)
+  log_g = _log_integrand(expand(center), offset, expand(sigma), expand(jnp.log(q)),
+                         expand(jnp.log1p(-q)), expand(q), expand(alpha), expand(m_ref))
+  if midpoints:
     return _logsumexp(log_g) + log_h
   idx = jnp.arange(num_nodes)
   end_weight = jnp.where((idx == 0) | (idx == num_nodes - 1), math.log(0.5), 0.0).astype(dtype)
@@ -281,7 +307,7 @@ def _window_sums(z0, z1, q, sigma, alpha, num_nodes, offset=0.0):
   return full, coarse, log_g[..., 0] + log_h, log_g[..., -1] + log_h
 
 
-def _assess(log_j, log_j_coarse, edge, h, sigma, alpha):
+def _assess(log_t, log_t_coarse, edge, shift, h, sigma, alpha):
   r"""True where the rule's result cannot be certified to _ERROR_TOL_ULPS ulps of log A.
 
   For an integrand analytic in the strip :math:`|\Im z| < d`, the trapezoidal error behaves
@@ -294,7 +320,8 @@ def _assess(log_j, log_j_coarse, edge, h, sigma, alpha):
   The integrand must also have decayed at the window edges.
   """
   sg = lax.stop_gradient
-  log_j, log_j_coarse, edge, h = sg(log_j), sg(log_j_coarse), sg(edge), sg(h)
+  log_t, log_t_coarse, edge, h = sg(log_t), sg(log_t_coarse), sg(edge), sg(h)
+  log_j = log_t + sg(shift)  # sums are relative to the reference constant `shift`
   dtype = log_j.dtype
   eps = float(jnp.finfo(dtype).eps)
   s2 = sg(sigma * sigma)
@@ -305,13 +332,13 @@ def _assess(log_j, log_j_coarse, edge, h, sigma, alpha):
   tiny_j = log_beta_j < -20
   lbj_safe = jnp.where(tiny_j, 0.0, log_beta_j)
   sensitivity = jnp.where(tiny_j | (beta <= 0), 1.0, jax.nn.sigmoid(lbj_safe) / _softplus(lbj_safe))
-  error = jnp.abs(log_j - log_j_coarse) * sensitivity * rho / (1 - rho)
-  edge_ok = edge - log_j < math.log(eps) - 4
+  error = jnp.abs(log_t - log_t_coarse) * sensitivity * rho / (1 - rho)
+  edge_ok = edge - log_t < math.log(eps) - 4
   return ~(error <= _ERROR_TOL_ULPS * eps) | ~edge_ok | ~jnp.isfinite(log_j)
 
 
 def _step(place, num_nodes):
-  a0, a1, b0, b1, _ = place
+  a0, a1, b0, b1 = place[:4]
   return jnp.maximum(a1 - a0, b1 - b0) / (num_nodes - 1)
 
 
@@ -322,15 +349,22 @@ def _quadrature(place, q, sigma, alpha, num_nodes):
 
 
 def _first_level(place, q, sigma, alpha, num_nodes):
-  """(log J, log T_a, log T_b, edge, failed) with ``num_nodes`` nodes per window."""
-  a0, a1, b0, b1, merged = place
-  fa, ca, first_a, last_a = _window_sums(a0, a1, q, sigma, alpha, num_nodes)
-  fb, cb, first_b, last_b = _window_sums(b0, b1, q, sigma, alpha, num_nodes)
-  log_j = jnp.logaddexp(fa, fb)
+  """(log J, log T_a, log T_b, edge, failed) with ``num_nodes`` nodes per window.
+
+  log T_a, log T_b and edge are relative to the reference constant (see _window_sums)."""
+  a0, a1, b0, b1, merged, m_ref = place
+  fa, ca, first_a, last_a = _window_sums(a0, a1, q, sigma, alpha, m_ref, num_nodes)
+  fb, cb, first_b, last_b = _window_sums(b0, b1, q, sigma, alpha, m_ref, num_nodes)
+  log_t = jnp.logaddexp(fa, fb)
   inner = jnp.where(merged, -jnp.inf, jnp.maximum(last_a, first_b))  # shared midpoint is interior
   edge = jnp.maximum(jnp.maximum(first_a, last_b), inner)
-  failed = _assess(log_j, jnp.logaddexp(ca, cb), edge, _step(place, num_nodes), sigma, alpha)
-  return log_j, fa, fb, edge, failed
+  shift = _reference_constant(m_ref, sigma)
+  failed = _assess(log_t, jnp.logaddexp(ca, cb), edge, shift, _step(place, num_nodes), sigma, alpha)
+  return log_t + shift, fa, fb, edge, failed
+
+
+def _reference_constant(m_ref, sigma):
+  return m_ref * (m_ref - 1) / (2 * sigma * sigma)
 
 
 def _rule_with_grad(place, q, sigma, alpha, num_nodes):
@@ -384,16 +418,17 @@ def _multilevel(q, sigma, alpha):
     nodes = (_FIRST_NODES - 1) * 2 ** lev + 1
 
     def refine(xs, nodes=nodes, lev=lev):
-      (a0, a1, b0, b1, merged), q_, s_, a_, lta, ltb, edge_ = xs
+      (a0, a1, b0, b1, merged, m_ref), q_, s_, a_, lta, ltb, edge_ = xs
       # T(h/2) = T(h)/2 + (h/2) * sum over the new midpoints.
       coarse_nodes = (nodes + 1) // 2
-      mid_a = _window_sums(a0, a1, q_, s_, a_, coarse_nodes, offset=0.5)
-      mid_b = _window_sums(b0, b1, q_, s_, a_, coarse_nodes, offset=0.5)
+      mid_a = _window_sums(a0, a1, q_, s_, a_, m_ref, coarse_nodes, midpoints=True)
+      mid_b = _window_sums(b0, b1, q_, s_, a_, m_ref, coarse_nodes, midpoints=True)
       lta2 = jnp.logaddexp(lta, mid_a) - math.log(2)
       ltb2 = jnp.logaddexp(ltb, mid_b) - math.log(2)
-      lj2 = jnp.logaddexp(lta2, ltb2)
-      fl2 = _assess(lj2, jnp.logaddexp(lta, ltb), edge_, _step((a0, a1, b0, b1, merged), nodes), s_, a_)
-      return lj2, lta2, ltb2, fl2, jnp.full(fl2.shape, lev, jnp.int32)
+      lt2 = jnp.logaddexp(lta2, ltb2)
+      shift = _reference_constant(m_ref, s_)
+      fl2 = _assess(lt2, jnp.logaddexp(lta, ltb), edge_, shift, _step((a0, a1, b0, b1), nodes), s_, a_)
+      return lt2 + shift, lta2, ltb2, fl2, jnp.full(fl2.shape, lev, jnp.int32)
 
     log_j, log_ta, log_tb, failed, level = _compacted(
         refine, failed, batch, (place, q, sigma, alpha, log_ta, log_tb, edge),

@@ -138,3 +138,23 @@ def test_epsilon_delta_round_trip(q, sigma, steps, log10_delta):
     assert float(delta2) <= delta * (1 + 1e-9)
   else:
     assert float(delta2) == pytest.approx(delta, rel=1e-6)
+
+
+def test_float32_epsilon_is_never_below_float64():
+  # Rounding must not lower epsilon: float32 results sit above the float64 ones (by at most
+  # the float32 safety margin on the RDP, 2.5e-4, plus its error).
+  rng = np.random.default_rng(5)
+  n = 200
+  q = (10 ** rng.uniform(-5, 0, n)).astype(np.float32)
+  sigma = (10 ** rng.uniform(-0.3, 1.3, n)).astype(np.float32)
+  steps = rng.integers(1, 10 ** 5, n).astype(np.float32)
+  delta = (10 ** rng.uniform(-10, -3, n)).astype(np.float32)
+  o64 = jnp.asarray(jaxrdp.DEFAULT_ORDERS)
+  eps32, _ = jaxrdp.compute_epsilon(o64.astype(jnp.float32), jaxrdp.compute_rdp(q, sigma, steps, o64.astype(jnp.float32)), delta)
+  eps64, _ = jaxrdp.compute_epsilon(o64, jaxrdp.compute_rdp(q.astype(float), sigma.astype(float), steps.astype(float), o64),
+                                    delta.astype(float))
+  eps32, eps64 = np.asarray(eps32, np.float64), np.asarray(eps64)
+  finite = np.isfinite(eps64) & (eps64 > 0)
+  assert finite.sum() > 150
+  assert np.all(eps32[finite] >= eps64[finite])
+  assert np.all(eps32[finite] <= eps64[finite] * (1 + 5e-4))

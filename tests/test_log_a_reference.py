@@ -34,7 +34,7 @@ def test_float64_never_below_mpmath_by_more_than_rounding(log_a_reference):
   # Never under-report: where jaxrdp is below the truth it is so only at rounding level.
   r = log_a_reference
   value = np.asarray(jaxrdp.log_a(r["q"], r["sigma"], r["alpha"]))
-  assert np.all(value >= r["log_a"] * (1 - 64 * np.finfo(np.float64).eps))
+  assert np.all(value >= r["log_a"] * (1 - 128 * np.finfo(np.float64).eps))  # 2.8e-14; conversions allow 256
 
 
 def test_float32_matches_mpmath_over_the_box(log_a_reference_float32):
