@@ -59,6 +59,14 @@ def _check_curve(orders, rdp):
   return orders.astype(dtype), rdp.astype(dtype)
 
 
+def _best_over_orders(values, orders):
+  """(min over the last axis, the order attaining it); NaN-free gradient to the argmin."""
+  idx = jnp.argmin(values, axis=-1)[..., None]
+  best = jnp.take_along_axis(values, idx, axis=-1)[..., 0]
+  order = jnp.take_along_axis(jnp.broadcast_to(orders, values.shape), idx, axis=-1)[..., 0]
+  return best, order
+
+
 def _check_method(method):
   if method not in _METHODS:
     raise ValueError(f"method must be one of {_METHODS}, got {method!r}.")
@@ -108,10 +116,7 @@ def compute_epsilon(orders: jax.typing.ArrayLike, rdp: jax.typing.ArrayLike,
   eps = jnp.where(kl_enough, jnp.zeros_like(eps), eps)
   eps = jnp.where(jnp.isinf(rdp), inf, eps)
   eps = jnp.where(usable, eps, inf)
-  idx = jnp.argmin(eps, axis=-1)
-  best = jnp.take_along_axis(eps, idx[..., None], axis=-1)[..., 0]
-  order = jnp.broadcast_to(orders, eps.shape)
-  order = jnp.take_along_axis(order, idx[..., None], axis=-1)[..., 0]
+  best, order = _best_over_orders(eps, orders)
   # Under jit the eager checks do not run: delta outside (0, 1) gives NaN.
   bad = ~((delta[..., 0] > 0) & (delta[..., 0] < 1))
   best = jnp.maximum(best, 0.0) * (1 + _OUTPUT_ULPS * jnp.finfo(best.dtype).eps)
@@ -159,9 +164,7 @@ def compute_delta(orders: jax.typing.ArrayLike, rdp: jax.typing.ArrayLike,
   log_delta = jnp.minimum(log_kl, log_rdp)
   log_delta = jnp.where(jnp.isinf(eps) & r_finite, -inf, log_delta)
   log_delta = jnp.where(r_finite, log_delta, inf)
-  idx = jnp.argmin(log_delta, axis=-1)
-  best = jnp.take_along_axis(log_delta, idx[..., None], axis=-1)[..., 0]
-  order = jnp.take_along_axis(jnp.broadcast_to(orders, log_delta.shape), idx[..., None], axis=-1)[..., 0]
+  best, order = _best_over_orders(log_delta, orders)
   bad = ~(eps[..., 0] >= 0)  # under jit: negative or NaN epsilon gives NaN
   # Rounding allowance of log(delta) itself (absolute, in units of eps times its size).
   best = best + _OUTPUT_ULPS * jnp.finfo(best.dtype).eps * (1 + jnp.abs(jnp.where(jnp.isfinite(best), best, 0.0)))
