@@ -19,13 +19,18 @@ How it is computed (one kernel for integer and fractional orders, any float dtyp
   :math:`(1+x)\log(1+x) - x` and the same formula gives the KL divergence (the RDP limit).
 * The expectation is a trapezoidal sum over :math:`z` in log space. For integrands analytic
   in a strip (here :math:`|\Im z| < \pi\sigma^2`, the branch point of :math:`\log(1+x)`), the
-  trapezoidal rule converges exponentially in the number of nodes; the step is sized from
-  :math:`\sigma` and :math:`\sigma^2`. The integrand has at most three bumps (near 0, near 2,
-  and the right mode of :math:`z = \alpha p(z)`, :math:`p = qL/(1-q+qL)`), so nodes are placed
-  in two windows found by bracketed bisection.
-* Every result is checked: the sum on every second node must agree with the full sum, and
-  the integrand must have decayed at the window edges. A result that fails the check is
-  returned as ``+inf`` (a valid, if useless, upper bound): never a smaller number.
+  trapezoidal rule converges exponentially in the number of nodes, at a known rate. The
+  integrand has at most three bumps (near 0, near 2, and the right mode of
+  :math:`z = \alpha p(z)`, :math:`p = qL/(1-q+qL)`), so nodes are placed in two windows found
+  by bracketed bisection (:func:`_placement`).
+* Every result is certified: the error of the rule is estimated from its difference with the
+  rule on every second node and the known convergence rate (:func:`_assess`), and the
+  integrand must have decayed at the window edges. Elements that fail get twice the nodes
+  (only the new midpoints are evaluated, only for those elements: :func:`_multilevel`), up to
+  257 per window; a result that still fails is returned as ``+inf`` (a valid, if useless,
+  upper bound), never as a smaller number.
+* Derivatives (any of q, sigma, alpha; jvp and vjp) are the same quadrature applied to the
+  integrand's derivative, at the level each element reached (:func:`_log_j_jvp`).
 """
 
 from __future__ import annotations
@@ -229,7 +234,8 @@ def _logsumexp(x, axis=-1):
 
 
 def _placement(q, sigma, alpha):
-  """Quadrature windows [a0, a1], [b0, b1] (not differentiated) and the integrand's peak level.
+  """Quadrature windows [a0, a1], [b0, b1], whether they are merged, and the reference power
+  m_ref (see _log_integrand); not differentiated (windows only decide where to look).
 
   Window A holds the bumps of the integrand near z = 0 and z = 2 (the k = 0 and k = 2 terms
   of the binomial picture) and the left mode when it is a mode of its own; window B holds the
