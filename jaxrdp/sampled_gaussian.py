@@ -53,6 +53,7 @@ _SERIES_RADIUS = 0.1      # ... used for |x| <= min(0.1, 1/(2 alpha)): terms shr
 _RATIO_CAP = 0.999        # N/P <= 0.95 wherever the direct branch is used
 _BISECTION_STEPS = 40
 _CHUNK = 4096             # elements per lax.map step at level 0 (bounds memory)
+_BATCH = 65536            # elements per pass of the whole pipeline (bounds memory)
 _TAIL_STEPS = 24
 _HALF_WIDTH = 11.0        # window half-width in local standard deviations (e^{-60})
 
@@ -534,10 +535,21 @@ def _sampled_gaussian_jit(q, sigma, alpha, num_nodes=None):
   alpha = _validation.as_float_array(alpha)
   dtype = jnp.result_type(q, sigma, alpha)
   q, sigma, alpha = jnp.broadcast_arrays(q.astype(dtype), sigma.astype(dtype), alpha.astype(dtype))
-  shape = q.shape
-  if q.size == 0:
+  shape, size = q.shape, q.size
+  if size == 0:
     return q, q
-  log_a_value, rdp = _terms(q.reshape(-1), sigma.reshape(-1), alpha.reshape(-1), num_nodes)
+  flat = [v.reshape(-1) for v in (q, sigma, alpha)]
+  if size <= _BATCH:
+    log_a_value, rdp = _terms(*flat, num_nodes)
+  else:
+    # Whole pipeline (windows, rule, refinement) one batch at a time: the working memory is
+    # that of one batch whatever the input size.
+    n_batches = -(-size // _BATCH)
+    pad = n_batches * _BATCH - size
+    batched = [jnp.concatenate([v, jnp.broadcast_to(v[:1], (pad,))]).reshape(n_batches, _BATCH)
+               for v in flat]
+    log_a_value, rdp = lax.map(lambda xs: _terms(*xs, num_nodes), tuple(batched))
+    log_a_value, rdp = log_a_value.reshape(-1)[:size], rdp.reshape(-1)[:size]
   return log_a_value.reshape(shape), rdp.reshape(shape)
 
 
