@@ -4,6 +4,8 @@ Data flows one way: mechanisms (RDP curves) -> composition -> conversion to (ε,
 The library never changes ``jax_enable_x64``; it computes in the dtype it is given.
 """
 
+from jaxrdp.accounting import (calibrate_noise_multiplier, calibrate_sampling_rate,
+                                calibrate_steps, dpsgd_epsilon)
 from jaxrdp.composition import compute_rdp
 from jaxrdp.conversion import compute_delta, compute_epsilon
 from jaxrdp.gaussian import rdp_gaussian
@@ -17,9 +19,13 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_ORDERS",
+    "calibrate_noise_multiplier",
+    "calibrate_sampling_rate",
+    "calibrate_steps",
     "compute_delta",
     "compute_epsilon",
     "compute_rdp",
+    "dpsgd_epsilon",
     "log_a",
     "pure_dp_to_zcdp",
     "rdp_gaussian",

@@ -32,7 +32,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxrdp import _validation
+from jaxrdp import _elementary, _validation
 
 _METHODS = ("improved", "classic")
 _RDP_ULPS = 256             # relative accuracy assumed of float64 RDP values, in units of eps
@@ -106,7 +106,7 @@ def compute_epsilon(orders: jax.typing.ArrayLike, rdp: jax.typing.ArrayLike,
   r = jnp.where(usable & jnp.isfinite(rdp), _round_up(rdp), 0.0)
   log_delta = jnp.log(delta)
   if method == "improved":
-    eps = r + jnp.log1p(-1 / a) - (log_delta + jnp.log(a)) / (a - 1)
+    eps = r + _elementary.log1p(-1 / a) - (log_delta + jnp.log(a)) / (a - 1)
   else:
     eps = r - log_delta / (a - 1)
   inf = jnp.full_like(eps, jnp.inf)
@@ -155,7 +155,7 @@ def compute_delta(orders: jax.typing.ArrayLike, rdp: jax.typing.ArrayLike,
   log_kl = jnp.where(r > 0, 0.5 * jnp.log(-jnp.expm1(-r_pos)), -inf)
   gap = r - eps
   if method == "improved":
-    log_rdp = (a - 1) * (gap + jnp.log1p(-1 / a)) - jnp.log(a)
+    log_rdp = (a - 1) * (gap + _elementary.log1p(-1 / a)) - jnp.log(a)
   else:
     log_rdp = (a - 1) * gap
   # alpha = inf: delta = 0 when r <= eps, no bound otherwise.

@@ -250,8 +250,9 @@ def _zcdp_to_epsilon(rho, delta, method):
   t3 = (lam - log1p_beta) / beta
   allowance = ulp * (jnp.abs(t1) + jnp.abs(t2) + (lam + log1p_beta) / beta)
   eps = jnp.maximum(t1 + t2 + t3 + allowance, 0.0)
-  # KL bound: delta >= sqrt(1 - e^{-rho}) already gives (0, delta)-DP.
-  kl_enough = delta * delta + jnp.expm1(-r) >= 0
+  # KL bound: delta >= sqrt(1 - e^{-rho}) already gives (0, delta)-DP (tested with delta
+  # rounded down and rho up, so that rounding cannot claim it where it does not hold).
+  kl_enough = delta * delta * (1 - ulp) + jnp.expm1(-r * (1 + ulp)) >= 0
   eps = jnp.where(kl_enough | ~positive, 0.0, eps)
   return jnp.where(valid, eps, jnp.nan)
 

@@ -1,0 +1,91 @@
+"""Schedules, the refined optimal order, envelope gradients and calibration (jaxrdp.accounting)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxrdp
+from jaxrdp import accounting
+
+Q, SIGMA, T, DELTA = 0.01, 1.1, 10_000.0, 1e-5
+
+
+def _grid_eps(q, sigma, t, delta, orders=jaxrdp.DEFAULT_ORDERS):
+  rdp = jnp.sum(jnp.atleast_2d(jaxrdp.compute_rdp(q, sigma, t, orders)), axis=0)
+  return float(jaxrdp.compute_epsilon(orders, rdp, delta)[0])
+
+
+def test_without_refinement_equals_compute_epsilon_on_the_grid():
+  assert float(accounting.dpsgd_epsilon(Q, SIGMA, T, DELTA, refine_order=False)) == _grid_eps(Q, SIGMA, T, DELTA)
+
+
+def test_refined_order_is_tighter_than_the_grid_but_not_below_the_continuous_optimum():
+  grid = _grid_eps(Q, SIGMA, T, DELTA)
+  refined = float(accounting.dpsgd_epsilon(Q, SIGMA, T, DELTA))
+  assert refined <= grid
+  dense = np.linspace(4.0, 5.5, 3001)  # brackets the optimum (grid optimum is 4.7)
+  assert refined >= _grid_eps(Q, SIGMA, T, DELTA, orders=dense) - 1e-9
+
+
+def test_phases_compose_by_addition():
+  split = accounting.dpsgd_epsilon(jnp.array([Q, Q]), SIGMA, jnp.array([T / 2, T / 2]), DELTA, refine_order=False)
+  assert float(split) == pytest.approx(_grid_eps(Q, SIGMA, T, DELTA), rel=1e-13)
+  qs, sigmas, ts = jnp.array([0.01, 0.02, 0.005]), jnp.array([1.0, 1.5, 0.8]), jnp.array([100.0, 300.0, 50.0])
+  eps = float(accounting.dpsgd_epsilon(qs, sigmas, ts, DELTA, refine_order=False))
+  assert eps == pytest.approx(_grid_eps(qs, sigmas, ts, DELTA), rel=1e-13)
+
+
+def test_gradients_match_finite_differences():
+  # A three-phase schedule; every entry of q and sigma gets its own derivative (envelope
+  # gradient at the optimal order), checked by central differences in float64.
+  q = jnp.array([0.01, 0.02, 0.005])
+  sigma = jnp.array([1.0, 1.5, 0.8])
+  t = jnp.array([100.0, 300.0, 50.0])
+  f = lambda q_, s_: accounting.dpsgd_epsilon(q_, s_, t, DELTA)
+  grads = jax.grad(f, argnums=(0, 1))(q, sigma)
+  h = 1e-6
+  for arg, grad in enumerate(grads):
+    for i in range(3):
+      step = jnp.zeros(3).at[i].set(h)
+      plus = [q, sigma]
+      minus = [q, sigma]
+      plus[arg] = plus[arg] + step
+      minus[arg] = minus[arg] - step
+      fd = (float(f(*plus)) - float(f(*minus))) / (2 * h)
+      assert float(grad[i]) == pytest.approx(fd, rel=2e-4, abs=1e-8)
+
+
+def test_calibrated_noise_multiplier_is_safe_and_tight():
+  sigma = float(accounting.calibrate_noise_multiplier(2.0, DELTA, Q, T))
+  assert float(accounting.dpsgd_epsilon(Q, sigma, T, DELTA, refine_order=False)) <= 2.0
+  assert float(accounting.dpsgd_epsilon(Q, sigma * (1 - 1e-6), T, DELTA, refine_order=False)) > 2.0
+
+
+def test_calibration_jits_and_vmaps_over_targets():
+  targets = jnp.array([1.0, 2.0, 8.0])
+  sigmas = jax.jit(jax.vmap(lambda e: accounting.calibrate_noise_multiplier(e, DELTA, Q, 1000.0)))(targets)
+  assert np.all(np.diff(np.asarray(sigmas)) < 0)
+  for e, s in zip(targets, sigmas):
+    assert float(accounting.dpsgd_epsilon(Q, s, 1000.0, DELTA, refine_order=False)) <= float(e)
+
+
+def test_calibrated_sampling_rate_and_steps_are_safe_and_tight():
+  q = float(accounting.calibrate_sampling_rate(2.0, DELTA, 1.0, T))
+  assert float(accounting.dpsgd_epsilon(q, 1.0, T, DELTA, refine_order=False)) <= 2.0
+  assert float(accounting.dpsgd_epsilon(q * (1 + 1e-6), 1.0, T, DELTA, refine_order=False)) > 2.0
+  steps = float(accounting.calibrate_steps(2.0, DELTA, Q, 1.0))
+  assert steps == int(steps) > 0
+  assert float(accounting.dpsgd_epsilon(Q, 1.0, steps, DELTA, refine_order=False)) <= 2.0
+  assert float(accounting.dpsgd_epsilon(Q, 1.0, steps + 1, DELTA, refine_order=False)) > 2.0
+
+
+def test_unreachable_targets_raise():
+  with pytest.raises(ValueError, match="target_epsilon"):
+    accounting.calibrate_steps(1e-6, DELTA, 0.5, 0.5)
+  with pytest.raises(ValueError, match="target_epsilon"):
+    accounting.calibrate_noise_multiplier(-1.0, DELTA, Q, T)
+  with pytest.raises(ValueError, match="sampling_rate"):
+    accounting.dpsgd_epsilon(jnp.array([0.1, 1.5]), 1.0, 10.0, DELTA)
+  with pytest.raises(ValueError, match="broadcast"):
+    accounting.dpsgd_epsilon(jnp.array([0.1, 0.2]), jnp.array([1.0, 1.0, 1.0]), 10.0, DELTA)
