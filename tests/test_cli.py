@@ -1,6 +1,5 @@
 """The command-line interface (jaxrdp.cli): outputs agree with the library; bad input exits 2."""
 
-import importlib.util
 import json
 import math
 import os
@@ -112,8 +111,6 @@ def test_library_errors_are_mapped_to_flags():
                                      "and --delta.")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
-                    reason="matplotlib not installed")
 def test_plot_writes_png(tmp_path, capsys):
   out = tmp_path / "eps.png"
   assert cli.main(["plot"] + MECHANISM + ["--out", str(out)]) == 0
