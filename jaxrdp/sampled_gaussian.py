@@ -280,7 +280,13 @@ def _placement(q, sigma, alpha):
   tail_end = _bisect(lambda z: ref - depth - (log_f(z) + log_norm), z_top, far, _TAIL_STEPS)
   hi_b = jnp.maximum(hi_b, tail_end)
   hi_a_alone = jnp.where(distinct, hi_a, jnp.maximum(hi_a, tail_end))
-  gap_small = jnp.maximum(log_g_at(hi_a, m_ref), log_g_at(lo_b, m_ref)) < ref - depth
+  # Two windows only when the integrand is negligible between them: probed at both inner
+  # edges, at 7 interior points and at the transition z0 (where p = 1/2) if it lies there.
+  # Otherwise one merged grid, which the certification then refines or rejects (+inf).
+  z0 = jnp.clip(0.5 - s2 * q_logit, hi_a, jnp.maximum(lo_b, hi_a))
+  probes = [hi_a, lo_b, z0] + [hi_a + (lo_b - hi_a) * (k / 8) for k in range(1, 8)]
+  gap_top = functools.reduce(jnp.maximum, [log_g_at(z, m_ref) for z in probes])
+  gap_small = gap_top < ref - depth
   merged = (lo_b <= hi_a) | ~gap_small
   hi_all = jnp.maximum(hi_a_alone, hi_b)
   mid = 0.5 * (lo_a + hi_all)
