@@ -1,39 +1,72 @@
 """jaxrdp: a JAX-native, differentiable Rényi differential privacy accountant.
 
-Data flows one way: mechanisms (RDP curves) -> composition -> conversion to (ε, δ).
+Data flows one way: mechanisms (RDP curves) -> composition -> conversion to (ε, δ) ->
+accounting, schedules and the optax transforms on top.
 The library never changes ``jax_enable_x64``; it computes in the dtype it is given.
 """
 
 from jaxrdp.accounting import (calibrate_noise_multiplier, calibrate_sampling_rate,
                                 calibrate_steps, dpsgd_epsilon)
 from jaxrdp.composition import compute_rdp
+from jaxrdp.closed_form import rdp_sampled_gaussian_closed_form
+from jaxrdp.microbatch import ClippedGradSum, clipped_grad_sum
+from jaxrdp.relative_gaussian import rdp_relative_gaussian
+from jaxrdp.relative_gaussian_transform import (RelativeGaussianNoiseState,
+                                                rdp_relative_gaussian_descent,
+                                                relative_gaussian_noise)
+from jaxrdp.sampling import (poisson_max_batch_size, poisson_overflow_probability, poisson_sample,
+                             poisson_truncation_delta)
+from jaxrdp.transform import (DifferentiallyPrivateAggregateState, differentially_private_aggregate,
+                              dpsgd, privacy_spent, rdp_spent)
+from jaxrdp.without_replacement import rdp_sampled_gaussian_without_replacement
 from jaxrdp.conversion import compute_delta, compute_epsilon
 from jaxrdp.gaussian import rdp_gaussian
 from jaxrdp.laplace import rdp_laplace
 from jaxrdp.orders import DEFAULT_ORDERS
 from jaxrdp.randomized_response import rdp_randomized_response
+from jaxrdp.schedules import ScheduleResult, epsilon_trajectory, optimize_schedule
 from jaxrdp.sampled_gaussian import log_a, rdp_sampled_gaussian
 from jaxrdp.zcdp import pure_dp_to_zcdp, rdp_tcdp, rdp_zcdp, zcdp_to_delta, zcdp_to_epsilon
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "DEFAULT_ORDERS",
     "calibrate_noise_multiplier",
     "calibrate_sampling_rate",
     "calibrate_steps",
+    "clipped_grad_sum",
+    "ClippedGradSum",
     "compute_delta",
     "compute_epsilon",
     "compute_rdp",
+    "DEFAULT_ORDERS",
+    "differentially_private_aggregate",
+    "DifferentiallyPrivateAggregateState",
+    "dpsgd",
     "dpsgd_epsilon",
+    "epsilon_trajectory",
     "log_a",
+    "optimize_schedule",
+    "poisson_max_batch_size",
+    "poisson_overflow_probability",
+    "poisson_sample",
+    "poisson_truncation_delta",
+    "privacy_spent",
     "pure_dp_to_zcdp",
     "rdp_gaussian",
     "rdp_laplace",
     "rdp_randomized_response",
+    "rdp_relative_gaussian",
+    "rdp_relative_gaussian_descent",
     "rdp_sampled_gaussian",
+    "rdp_sampled_gaussian_closed_form",
+    "rdp_sampled_gaussian_without_replacement",
+    "rdp_spent",
     "rdp_tcdp",
     "rdp_zcdp",
+    "relative_gaussian_noise",
+    "RelativeGaussianNoiseState",
+    "ScheduleResult",
     "zcdp_to_delta",
     "zcdp_to_epsilon",
 ]

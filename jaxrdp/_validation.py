@@ -62,3 +62,33 @@ def as_float_array(x) -> jax.Array:
   if not jnp.issubdtype(x.dtype, jnp.floating):
     x = x.astype(jnp.result_type(float))
   return x
+
+
+def canonical_key(key):
+  """(raw key data, impl name or None) from a typed key, a legacy uint32 key, or an int seed."""
+  if key is None:
+    raise TypeError("key is required: pass a PRNG key (jax.random.key(seed)) or an int seed. "
+                    "jaxrdp never picks a default key: a fixed key would repeat the noise of "
+                    "other runs.")
+  if isinstance(key, (bool, np.bool_)):
+    raise TypeError(f"key must be a PRNG key or an int seed, got {key!r}.")
+  if isinstance(key, (int, np.integer)):
+    key = jax.random.key(int(key))
+  dtype = getattr(key, "dtype", None)
+  if dtype is None:
+    raise TypeError(f"key must be a PRNG key or an int seed, got {type(key).__name__}.")
+  if jnp.issubdtype(dtype, jax.dtypes.prng_key):
+    if jnp.shape(key) != ():
+      raise ValueError(f"key must be a single PRNG key, got a key array of shape {jnp.shape(key)}.")
+    return jax.random.key_data(key), jax.random.key_impl(key)
+  if jnp.shape(key) == () and jnp.issubdtype(dtype, jnp.integer):
+    return canonical_key(jax.random.key(key))
+  if dtype != jnp.uint32:
+    raise TypeError(f"key must be a PRNG key, a legacy uint32 key or an int seed; got an array "
+                    f"of dtype {dtype} and shape {jnp.shape(key)}.")
+  try:
+    jax.random.wrap_key_data(key)
+  except Exception as e:  # wrong shape for the default implementation
+    raise ValueError(f"key: a legacy uint32 key must have the default implementation's shape; "
+                     f"got shape {jnp.shape(key)} ({e}).") from None
+  return jnp.asarray(key), None

@@ -6,8 +6,8 @@ addition (Mironov 2017, Prop. 1), so the schedule's RDP at order α is
 :math:`\sum_i T_i\,\varepsilon_{q_i,\sigma_i}(\alpha)`, and ε is its conversion to
 (ε, δ)-DP (:func:`jaxrdp.compute_epsilon`, minimised over the orders).
 
-Optimal order: after the grid, the order is refined continuously (golden-section search on
-the bracket around the best grid order; the conversion is smooth in α). The result is the
+Optimal order: after the grid, the order is refined continuously (dichotomous search on the
+bracket around the best grid order; the conversion is smooth in α). The result is the
 minimum of the grid value and the refined value: never looser than the grid, and never below
 the true RDP-based value, since every order gives a valid bound. Gradients follow the
 envelope theorem: the optimal order is held fixed (exact, since ε is minimised over it).
@@ -16,6 +16,7 @@ envelope theorem: the optimal order is held fixed (exact, since ε is minimised 
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -26,9 +27,9 @@ from jaxrdp.composition import compute_rdp
 from jaxrdp.conversion import compute_epsilon
 from jaxrdp.orders import DEFAULT_ORDERS
 
-_GOLDEN_STEPS = 24        # golden-section steps refining the order (bracket shrinks 0.618^24)
-_CALIBRATION_STEPS = 48   # bisection steps in log space: relative precision ~1e-13
+_REFINE_STEPS = 26        # dichotomous-search steps refining the order (bracket shrinks ~2^-26)
 _SIGMA_MIN, _SIGMA_MAX = 1e-4, 1e8   # noise multipliers searched
+_Q_MIN = 1e-12                       # smallest sampling rate searched
 
 
 def _phases(sampling_rate, noise_multiplier, steps):
@@ -69,10 +70,9 @@ def _schedule_rdp(q, sigma, t, orders):
 
 
 def _epsilon_at(q, sigma, t, delta, alpha):
-  """Improved conversion at one order α > 1 (Balle et al. 2020, Thm. 21)."""
-  r = _schedule_rdp(q, sigma, t, alpha[None])[0]
-  eps, _ = compute_epsilon(alpha[None], r[None], delta)
-  return eps
+  """Improved conversion at each order of the 1-D array α (Balle et al. 2020, Thm. 21)."""
+  r = _schedule_rdp(q, sigma, t, alpha)
+  return jax.vmap(lambda a, r: compute_epsilon(a[None], r[None], delta)[0])(alpha, r)
 
 
 def dpsgd_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
@@ -106,51 +106,109 @@ def dpsgd_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typ
 
 @functools.partial(jax.jit, static_argnames=("refine_order",))
 def _dpsgd_epsilon(q, sigma, t, delta, grid, refine_order):
-  rdp = _schedule_rdp(q, sigma, t, grid)
-  eps_grid, order = compute_epsilon(grid, rdp, delta)
-  if not refine_order or grid.shape[0] < 2:
-    return eps_grid
-  # Bracket: the grid neighbours of the best grid order (finite orders > 1 only).
+  sg = lax.stop_gradient
+  q_, s_, t_, d_ = sg(q), sg(sigma), sg(t), sg(delta)
+  eps, best = compute_epsilon(grid, _schedule_rdp(q_, s_, t_, grid), d_)
   finite = jnp.isfinite(grid) & (grid > 1)
+  if refine_order and grid.shape[0] >= 2:
+    eps, best = _refine_order(q_, s_, t_, d_, grid, finite, eps, best)
+  usable = finite.any() & jnp.isfinite(best) & (best > 1) & jnp.isfinite(eps)
+  return _envelope(eps, jnp.where(usable, best, jnp.nan), q, sigma, t, delta)
+
+
+@jax.custom_jvp
+def _envelope(eps, best, q, sigma, t, delta):
+  """ε minimised over the orders, with the envelope-theorem derivative: the optimal order is
+  held fixed, so only ε at that one order is differentiated (the grid's values never enter
+  the derivative's graph, and a plain evaluation never computes it)."""
+  del best, q, sigma, t, delta
+  return eps
+
+
+@_envelope.defjvp
+def _envelope_jvp(primals, tangents):
+  eps, best, *args = primals
+  _, _, *dots = tangents
+  usable = jnp.isfinite(best)
+  # Safe stand-ins where no order is usable (ε infinite, or a degenerate schedule), so that
+  # the unused derivative is finite and the selected zero stays zero in reverse mode too.
+  safe = (0.5, 1.0, 1.0, 1e-5)
+  args = [jnp.where(usable, a, jnp.asarray(v, a.dtype)) for a, v in zip(args, safe)]
+  dots = [jnp.where(usable, d, jnp.zeros_like(d)) for d in dots]
+  alpha = jnp.where(usable, best, 2.0)[None]
+  _, tangent = jax.jvp(lambda *a: _epsilon_at(*a, alpha)[0], tuple(args), tuple(dots))
+  return eps, jnp.where(usable, tangent, 0.0)
+
+
+def _refine_order(q, sigma, t, delta, grid, finite, eps_grid, order):
+  """Dichotomous search for the best order between the grid neighbours of the best grid
+  order (two probes per step, one evaluation site); returns (ε, order) of the best point
+  evaluated, the grid optimum included: every value returned is ε at an actual order."""
   below = jnp.max(jnp.where(finite & (grid < order), grid, -jnp.inf))
   above = jnp.min(jnp.where(finite & (grid > order), grid, jnp.inf))
+  ok = finite.any() & (order > 1) & jnp.isfinite(order)
   lo = jnp.where(jnp.isfinite(below), below, jnp.minimum(order, 1 + 1e-3))
   hi = jnp.where(jnp.isfinite(above), above, order)
-  lo, hi = lax.stop_gradient(lo), lax.stop_gradient(hi)
-  q_, s_, t_, d_ = (lax.stop_gradient(v) for v in (q, sigma, t, delta))
-  f = lambda a: _epsilon_at(q_, s_, t_, d_, a)
-  ratio = 0.6180339887498949
-  a1 = hi - ratio * (hi - lo)
-  a2 = lo + ratio * (hi - lo)
+  lo, hi = jnp.where(ok, lo, 1.5), jnp.where(ok, hi, 2.0)
 
   def body(_, state):
-    lo, hi, a1, a2, f1, f2 = state
-    left = f1 <= f2  # minimum in [lo, a2]
-    new_lo = jnp.where(left, lo, a1)
-    new_hi = jnp.where(left, a2, hi)
-    new_a1 = jnp.where(left, new_hi - ratio * (new_hi - new_lo), a2)
-    new_a2 = jnp.where(left, a1, new_lo + ratio * (new_hi - new_lo))
-    probe = jnp.where(left, new_a1, new_a2)
-    fp = f(probe)
-    return (new_lo, new_hi, new_a1, new_a2, jnp.where(left, fp, f2), jnp.where(left, f1, fp))
-
-  state = (lo, hi, a1, a2, f(a1), f(a2))
-  state = lax.fori_loop(0, _GOLDEN_STEPS, body, state)
-  best_alpha = lax.stop_gradient(jnp.where(state[4] <= state[5], state[2], state[3]))
-  ok = finite.any() & (order > 1) & jnp.isfinite(order)
-  # Envelope: ε at the (fixed) refined order, differentiated in the schedule and δ.
-  eps_refined = _epsilon_at(q, sigma, t, delta, jnp.where(ok, best_alpha, 2.0))
-  return jnp.where(ok & (eps_refined < eps_grid), eps_refined, eps_grid)
+    lo, hi, best_eps, best_alpha = state
+    mid, gap = 0.5 * (lo + hi), 1e-3 * (hi - lo)
+    probes = jnp.stack([mid - gap, mid + gap])
+    f = _epsilon_at(q, sigma, t, delta, probes)
+    left = f[0] <= f[1]   # a quasi-convex minimum lies in [lo, mid + gap]
+    i = jnp.where(left, 0, 1)
+    better = ok & (f[i] < best_eps)
+    return (jnp.where(left, lo, mid - gap), jnp.where(left, mid + gap, hi),
+            jnp.where(better, f[i], best_eps), jnp.where(better, probes[i], best_alpha))
+  _, _, eps, alpha = lax.fori_loop(0, _REFINE_STEPS, body, (lo, hi, eps_grid, order))
+  return eps, alpha
 
 
-def _bisect_log(pred_ok, lo, hi, steps):
-  """Bisection in log space: pred_ok(hi) holds, pred_ok(lo) does not; returns (lo, hi)."""
-  def body(_, bracket):
-    lo, hi = bracket
-    mid = jnp.sqrt(lo * hi)
-    ok = pred_ok(mid)
-    return jnp.where(ok, lo, mid), jnp.where(ok, mid, hi)
-  return lax.fori_loop(0, steps, body, (lo, hi))
+def _safe_boundary(g, s0, s_min, s_max):
+  r"""Smallest s in [s_min, s_max] with g(s) ≤ 0, for g non-increasing ("ok" to the right).
+
+  One evaluation of g per step of a single ``while_loop`` (one copy of the kernel in the
+  compiled graph): first a bracket, walking from s0 in steps of 1.5, then regula falsi with the
+  Illinois modification (superlinear), falling back to bisection when an end is infinite or
+  the interpolated point leaves the bracket. Stops when the bracket is narrower than 1e-9.
+  Returns (s, found): s is always a point where g was evaluated and found ≤ 0, or s_min when
+  g(s_min) ≤ 0; found is false when even g(s_max) > 0.
+  """
+  dtype = s0.dtype
+  inf = jnp.asarray(jnp.inf, dtype)
+  # state: lo, hi, interpolation weights at lo and hi, which end moved last, done, found, count
+  false, zero = jnp.asarray(False), jnp.asarray(0, jnp.int32)
+  state = (-inf, inf, inf, -inf, zero, false, false, zero)
+
+  def next_point(state):
+    lo, hi, f_lo, f_hi, _, _, _, _ = state
+    have_lo, have_hi = jnp.isfinite(lo), jnp.isfinite(hi)
+    interp = hi - f_hi * (hi - lo) / (f_hi - f_lo)
+    bisect = ~jnp.isfinite(f_lo) | ~jnp.isfinite(f_hi) | ~((interp > lo) & (interp < hi))
+    both = jnp.where(bisect, 0.5 * (lo + hi), interp)
+    up = jnp.minimum(jnp.where(have_lo, lo + 1.5, s0), s_max)
+    down = jnp.maximum(jnp.where(have_hi, hi - 1.5, s0), s_min)
+    return jnp.where(have_lo & have_hi, both, jnp.where(have_hi, down, up))
+
+  def body(state):
+    lo, hi, f_lo, f_hi, side, _, _, count = state
+    x = next_point(state)
+    gx = g(x)
+    gx = jnp.where(jnp.isnan(gx), inf, gx)   # no information counts as not ok
+    ok = gx <= 0
+    # Illinois: when the same end moves twice, halve the other end's weight.
+    new_f_lo = jnp.where(ok, jnp.where(side == -1, f_lo / 2, f_lo), gx)
+    new_f_hi = jnp.where(ok, gx, jnp.where(side == 1, f_hi / 2, f_hi))
+    lo, hi = jnp.where(ok, lo, x), jnp.where(ok, x, hi)
+    found = jnp.isfinite(hi)
+    done = ((~ok & (x >= s_max)) | (ok & (x <= s_min))
+            | (jnp.isfinite(lo) & found & (hi - lo < 1e-9)))
+    side = jnp.where(ok, -1, 1).astype(jnp.int32)
+    return (lo, hi, new_f_lo, new_f_hi, side, done, found, count + 1)
+
+  state = lax.while_loop(lambda st: ~st[5] & (st[7] < 200), body, state)
+  return state[1], state[6]
 
 
 def calibrate_noise_multiplier(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.ArrayLike,
@@ -158,9 +216,10 @@ def calibrate_noise_multiplier(target_epsilon: jax.typing.ArrayLike, delta: jax.
                                orders: jax.typing.ArrayLike | None = None) -> jax.Array:
   r"""Smallest noise multiplier σ in [1e-4, 1e8] whose ε is at most ``target_epsilon`` (safe side).
 
-  ε is non-increasing in σ; the answer is found by bisection in log σ on the grid-order ε (so
-  that it is reproducible with :func:`jaxrdp.compute_epsilon` on the same orders), to a
-  relative precision far below 1e-6, and the returned σ always satisfies ε(σ) ≤ target.
+  ε is non-increasing in σ; the answer is found in log σ on the grid-order ε (so that it is
+  reproducible with :func:`jaxrdp.compute_epsilon` on the same orders) by a bracketed,
+  safeguarded regula falsi (Illinois) to a bracket of 1e-9 relative (typically ~10
+  evaluations), and the returned σ is always a point where ε(σ) ≤ target was checked.
   ``sampling_rate`` and ``steps`` may be schedules (1-D); σ is then one multiplier for all
   phases. Jittable (and vmappable over targets). Eagerly, a target that no σ reaches raises
   ``ValueError``; under jit it gives NaN.
@@ -178,15 +237,12 @@ def calibrate_noise_multiplier(target_epsilon: jax.typing.ArrayLike, delta: jax.
 
 @jax.jit
 def _calibrate_sigma(target, delta, q, t, grid):
-  eps_of = lambda s: compute_epsilon(grid, _schedule_rdp(q, jnp.broadcast_to(s, q.shape), t, grid), delta)[0]
-  ok = lambda s: eps_of(s) <= target
-  # Bracket [lo, hi] with ok(hi) and not ok(lo): hi grows by 4x until private enough.
-  lo = jnp.asarray(_SIGMA_MIN, q.dtype)
-  hi = lax.while_loop(lambda h: ~ok(h) & (h < _SIGMA_MAX), lambda h: h * 4,
-                      jnp.asarray(1.0, q.dtype))
-  _, hi_b = _bisect_log(ok, lo, hi, _CALIBRATION_STEPS)
-  result = jnp.where(ok(lo), lo, hi_b)
-  return jnp.where(ok(hi), result, jnp.nan)
+  def g(log_sigma):   # log(ε/target), non-increasing in σ
+    rdp = _schedule_rdp(q, jnp.broadcast_to(jnp.exp(log_sigma), q.shape), t, grid)
+    return jnp.log(compute_epsilon(grid, rdp, delta)[0] / target)
+  log_min, log_max = math.log(_SIGMA_MIN), math.log(_SIGMA_MAX)
+  s, found = _safe_boundary(g, jnp.zeros((), q.dtype), log_min, log_max)
+  return jnp.where(found, jnp.exp(s), jnp.nan)
 
 
 def calibrate_sampling_rate(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.ArrayLike,
@@ -194,7 +250,8 @@ def calibrate_sampling_rate(target_epsilon: jax.typing.ArrayLike, delta: jax.typ
                             orders: jax.typing.ArrayLike | None = None) -> jax.Array:
   r"""Largest sampling rate q in (0, 1] whose ε is at most ``target_epsilon`` (safe side).
 
-  ε is non-decreasing in q; bisection in log q on the grid-order ε. Returns 1 when even q = 1
+  ε is non-decreasing in q; bracketed regula falsi in log q on the grid-order ε, to a bracket
+  of 1e-9 relative; the q returned was checked to meet the target. Returns 1 when even q = 1
   meets the target. Eagerly, a target no q > 1e-12 reaches raises ``ValueError``; NaN under jit.
   """
   _validation.check_range("target_epsilon", target_epsilon, lo=0.0, lo_open=True)
@@ -210,14 +267,12 @@ def calibrate_sampling_rate(target_epsilon: jax.typing.ArrayLike, delta: jax.typ
 
 @jax.jit
 def _calibrate_q(target, delta, sigma, t, grid):
-  eps_of = lambda q: compute_epsilon(grid, _schedule_rdp(jnp.broadcast_to(q, sigma.shape), sigma, t, grid), delta)[0]
-  ok = lambda q: eps_of(q) <= target
-  one = jnp.asarray(1.0, sigma.dtype)
-  floor = jnp.asarray(1e-12, sigma.dtype)
-  # Bisection keeps ok(lo) true and ok(hi) false: swap roles via the predicate's negation.
-  lo_b, hi_b = _bisect_log(lambda qq: ~ok(qq), floor, one, _CALIBRATION_STEPS)
-  result = jnp.where(ok(one), one, lo_b)
-  return jnp.where(ok(floor), result, jnp.nan)
+  def g(neg_log_q):   # log(ε/target), non-increasing in -log q
+    rdp = _schedule_rdp(jnp.broadcast_to(jnp.exp(-neg_log_q), sigma.shape), sigma, t, grid)
+    return jnp.log(compute_epsilon(grid, rdp, delta)[0] / target)
+  s, found = _safe_boundary(g, jnp.asarray(math.log(100.0), sigma.dtype), 0.0,
+                            -math.log(_Q_MIN))
+  return jnp.where(found, jnp.exp(-s), jnp.nan)
 
 
 def calibrate_steps(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.ArrayLike,

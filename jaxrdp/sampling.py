@@ -1,0 +1,304 @@
+r"""Poisson sampling inside ``jit`` with a static batch shape, and the price of truncating it.
+
+DP-SGD's accountant (the sampled Gaussian mechanism, Mironov, Talwar, Zhang 2019) assumes
+Poisson sampling: every example joins the batch independently with probability q, so the
+batch size is Binomial(N, q) and private. Under ``jit`` shapes are static, so
+:func:`poisson_sample` returns ``max_batch_size`` slots and a mask.
+
+* Selection is exact: example i is kept when 32 random bits fall below
+  :math:`\lfloor q\,2^{32} \rfloor`, i.e. with probability :math:`q' \le q` (q rounded DOWN to
+  a multiple of :math:`2^{-32}`, and to its float32 value: the accountant's q is never smaller
+  than the true rate, so the reported ε stays an upper bound). When at most
+  ``max_batch_size`` are selected this IS Poisson sampling.
+* **Overflow policy.** When more than ``max_batch_size`` examples are selected, the batch is
+  truncated to the selected examples of smallest index. This is not Poisson sampling; it
+  happens with probability :math:`p = P[\mathrm{Binomial}(N, q) > M]`
+  (:func:`poisson_overflow_probability`, a certified upper bound). Both policies apply:
+
+  1. ``poisson_sample`` refuses (ValueError, at trace time) when p exceeds
+     ``max_overflow_probability`` (default 1e-12); :func:`poisson_max_batch_size` gives the
+     smallest safe M;
+  2. the remaining p must be added to δ: over T steps the truncated run is
+     :math:`(\varepsilon, \delta + (1 + e^{\varepsilon})\,T\,p_{N+1})`-DP
+     (:func:`poisson_truncation_delta`). Proof: the truncated and ideal runs coincide unless
+     some step overflows, so their total-variation distance is at most :math:`T p`; for
+     neighbours D, D' and any event S, :math:`P[M'(D) \in S] \le P[M(D) \in S] + T p_D \le
+     e^\varepsilon (P[M'(D') \in S] + T p_{D'}) + \delta + T p_D`, and p is increasing in the
+     dataset size, so :math:`p_{N+1}` bounds both.
+
+* Cost: O(N) random bits per step in chunks of 65,536 examples (``lax.fori_loop``), so the
+  working memory is O(chunk + M) for any dataset size; one compilation per (N, M).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxrdp import _validation
+
+_CHUNK = 1 << 16          # examples whose random bits are drawn at once
+_TERMS = 4096             # binomial terms evaluated per block in the tail sums
+_NEGLIGIBLE_LOG = -46.0   # a remainder below e^-46 (1e-20) of the sum is dropped ...
+                          # ... only in the lower-tail sum, where dropping is on the safe side
+
+
+def _check_static_int(name, x, lo):
+  if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+    raise TypeError(f"{name} must be a Python int (it fixes array shapes), got {x!r}.")
+  if x < lo:
+    raise ValueError(f"{name} must be >= {lo}, got {x}.")
+  return int(x)
+
+
+def _threshold(q):
+  """(t, all): an example is selected when its uint32 bits are < t (or always, if all).
+
+  t = floor(q' 2^32) with q' = min(q, float32(q)): the selection probability t / 2^32 is at
+  most q in both float64 and float32, whichever dtype the accountant uses."""
+  if _validation.is_concrete(q):
+    qv = float(np.asarray(q, np.float64))
+    qv = min(qv, float(np.float32(qv)))
+    if qv >= 1.0:
+      return jnp.uint32(0), True
+    return jnp.uint32(math.floor(qv * 2.0 ** 32)), False
+  q = jnp.asarray(q)
+  if q.dtype != jnp.float32:
+    q = jnp.minimum(q, q.astype(jnp.float32).astype(q.dtype))
+  # Exact: q * 2^32 only shifts the exponent, floor of a float is exact. q < 1 gives t < 2^32.
+  t = jnp.floor(jnp.clip(q, 0, 1) * 2.0 ** 32)
+  valid = (q > 0) & (q <= 1)
+  everything = valid & (q >= 1)
+  t = jnp.where(valid & ~everything, t, 0)
+  return t.astype(jnp.uint32), everything
+
+
+def poisson_sample(key: jax.Array, dataset_size: int, sampling_rate: jax.typing.ArrayLike,
+                   max_batch_size: int, *, max_overflow_probability: float = 1e-12
+                   ) -> tuple[jax.Array, jax.Array]:
+  r"""Poisson-sampled batch indices with a static size: (idx int32[M], mask bool[M]).
+
+  Each of the ``dataset_size`` examples is selected independently with probability
+  ``sampling_rate`` (rounded down to a multiple of 2^-32); the selected indices fill the
+  first slots of ``idx`` in increasing order, ``mask`` marks them, and the remaining slots
+  hold index 0 with ``mask`` False. Use ``batch = data[idx]`` and pass ``mask`` to the DP
+  transform. Jittable with one compilation per (dataset_size, max_batch_size); the rate may
+  be traced (a schedule), in which case no overflow check can run and an invalid rate gives
+  an empty batch.
+
+  Overflow (more than ``max_batch_size`` selected): the smallest-index selected examples are
+  kept. With concrete inputs this raises ``ValueError`` when the overflow probability
+  exceeds ``max_overflow_probability``; the accepted probability still has to be added to δ
+  with :func:`poisson_truncation_delta` (see the module docstring for the proof).
+
+  Args:
+    key: a PRNG key, used once (pass a fresh key every step).
+    dataset_size: N, a Python int ≥ 1.
+    sampling_rate: q in (0, 1].
+    max_batch_size: M, a Python int ≥ 1 (the static batch shape).
+    max_overflow_probability: the largest accepted P[Binomial(N, q) > M].
+
+  Returns:
+    ``(idx, mask)``.
+
+  References:
+    Abadi et al., CCS 2016 (Poisson-sampled DP-SGD); Mironov, Talwar, Zhang 2019, Sec. 3.
+  """
+  if key is None or isinstance(key, (int, np.integer)):
+    raise TypeError("key must be a PRNG key (jax.random.key(...)), split freshly for every "
+                    f"batch; got {key!r}.")
+  n = _check_static_int("dataset_size", dataset_size, 1)
+  m = _check_static_int("max_batch_size", max_batch_size, 1)
+  if n >= 2 ** 31:
+    raise ValueError(f"dataset_size must be below 2**31 (int32 indices), got {n}.")
+  _validation.check_range("sampling_rate", sampling_rate, lo=0.0, hi=1.0, lo_open=True)
+  if jnp.ndim(sampling_rate) != 0:
+    raise ValueError(f"sampling_rate must be a scalar, got shape {jnp.shape(sampling_rate)}.")
+  if _validation.is_concrete(sampling_rate):
+    p = poisson_overflow_probability(n, float(np.asarray(sampling_rate)), m)
+    if p > max_overflow_probability:
+      suggestion = poisson_max_batch_size(n, float(np.asarray(sampling_rate)),
+                                          max_overflow_probability)
+      raise ValueError(
+          f"max_batch_size={m} is too small: a Poisson batch from dataset_size={n} at "
+          f"sampling_rate={float(np.asarray(sampling_rate))} exceeds it with probability {p:.3g} > "
+          f"max_overflow_probability={max_overflow_probability:g}. Use max_batch_size >= "
+          f"{suggestion}, or raise max_overflow_probability and add poisson_truncation_delta(...) "
+          "to delta.")
+  threshold, everything = _threshold(sampling_rate)
+  return _sample(key, threshold, everything, n, m)
+
+
+@functools.partial(jax.jit, static_argnames=("n", "m"))
+def _sample(key, threshold, everything, n, m):
+  chunk = min(n, _CHUNK)
+  num_chunks = -(-n // chunk)
+  offsets = jnp.arange(chunk, dtype=jnp.int32)
+
+  def body(c, carry):
+    count, idx = carry
+    bits = jax.random.bits(jax.random.fold_in(key, c), (chunk,), jnp.uint32)
+    index = c * chunk + offsets
+    selected = ((bits < threshold) | everything) & (index < n)
+    slot = count + jnp.cumsum(selected, dtype=jnp.int32) - 1
+    # Slots >= m (overflow) and unselected examples go to slot m: dropped by the scatter.
+    slot = jnp.where(selected & (slot < m), slot, m)
+    idx = idx.at[slot].set(index, mode="drop")
+    return count + jnp.sum(selected, dtype=jnp.int32), idx
+
+  carry = (jnp.zeros((), jnp.int32), jnp.zeros((m,), jnp.int32))
+  if num_chunks == 1:
+    count, idx = body(0, carry)
+  else:
+    count, idx = lax.fori_loop(0, num_chunks, body, carry)
+  mask = jnp.arange(m, dtype=jnp.int32) < count
+  return jnp.where(mask, idx, 0), mask
+
+
+_lgamma = np.vectorize(math.lgamma, otypes=[np.float64])
+
+
+def _log_pmf(n, ks, log_q, log1m_q):
+  """log C(n,k) q^k (1-q)^(n-k) for an int array ks, and a bound on its absolute rounding error."""
+  k = ks.astype(np.float64)
+  parts = (math.lgamma(n + 1.0), -_lgamma(k + 1), -_lgamma(n - k + 1), k * log_q, (n - k) * log1m_q)
+  value = sum(parts)
+  # Each part and each addition is off by a few ulps of the largest magnitude involved.
+  error = 8 * np.finfo(np.float64).eps * sum(np.abs(p) for p in parts)
+  return value, error
+
+
+def _logsumexp(x):
+  top = np.max(x)
+  if not np.isfinite(top):
+    return top
+  return top + math.log(np.sum(np.exp(x - top)))
+
+
+@functools.lru_cache(maxsize=256)
+def poisson_overflow_probability(dataset_size: int, sampling_rate: float, max_batch_size: int) -> float:
+  r"""Upper bound on :math:`P[\mathrm{Binomial}(N, q) > M]`: a Poisson batch overflows M slots.
+
+  Summed in log space from the binomial pmf (``lgamma``), never by subtracting a CDF from 1
+  in the tail: for M above the mode the terms :math:`t_k`, k > M, decrease with ratio
+  :math:`r_k = \frac{(N-k) q}{(k+1)(1-q)} < 1`, itself decreasing in k, so after summing to K
+  the rest is at most :math:`t_K r_K / (1 - r_K)`, which is added. The sum is raised by the
+  bound on the rounding error of ``lgamma``, so the result is never below the true tail.
+  For M below the mode (a large probability) it is one minus a lower bound on the CDF.
+
+  Args:
+    dataset_size: N ≥ 0.
+    sampling_rate: q in [0, 1].
+    max_batch_size: M ≥ 0.
+
+  Returns:
+    A float in [0, 1] (0 when M ≥ N).
+
+  References:
+    Feller, "An Introduction to Probability Theory", Vol. 1, VI.3 (ratio of binomial terms).
+  """
+  n = _check_static_int("dataset_size", dataset_size, 0)
+  m = _check_static_int("max_batch_size", max_batch_size, 0)
+  _validation.check_range("sampling_rate", sampling_rate, lo=0.0, hi=1.0)
+  q = float(sampling_rate)
+  if m >= n or q == 0.0:
+    return 0.0
+  if q == 1.0:
+    return 1.0
+  log_q, log1m_q = math.log(q), math.log1p(-q)
+  log_ratio_q = log_q - log1m_q
+  mode = math.floor((n + 1) * q)
+  if m + 1 > mode:
+    # Upper tail: t_{m+1} >= t_{m+2} >= ...
+    total, allowance, k = -math.inf, 0.0, m + 1
+    while True:
+      ks = np.arange(k, min(k + _TERMS, n + 1), dtype=np.int64)
+      lp, err = _log_pmf(n, ks, log_q, log1m_q)
+      total = np.logaddexp(total, _logsumexp(lp))
+      allowance = max(allowance, float(np.max(err)))
+      last = int(ks[-1])
+      if last == n:
+        break
+      log_r = math.log(n - last) - math.log(last + 1) + log_ratio_q
+      rest = lp[-1] + log_r - math.log(-math.expm1(log_r))
+      if rest < total + _NEGLIGIBLE_LOG or lp[-1] < -800:
+        total = np.logaddexp(total, rest)
+        break
+      k = last + 1
+    return float(min(1.0, math.exp(total + allowance) * (1 + 1e-12)))
+  # Lower tail: P[X <= m] summed from k = m down (terms shrink as k decreases below the mode);
+  # a partial sum is a lower bound, so 1 - sum is an upper bound on P[X > m].
+  total, allowance, k = -math.inf, 0.0, m
+  while k >= 0:
+    ks = np.arange(max(k - _TERMS + 1, 0), k + 1, dtype=np.int64)
+    lp, err = _log_pmf(n, ks, log_q, log1m_q)
+    total = np.logaddexp(total, _logsumexp(lp))
+    allowance = max(allowance, float(np.max(err)))
+    if lp[0] < total + _NEGLIGIBLE_LOG:
+      break
+    k = int(ks[0]) - 1
+  return float(min(1.0, -math.expm1(total - allowance) * (1 + 1e-12)))
+
+
+def poisson_max_batch_size(dataset_size: int, sampling_rate: float,
+                           overflow_probability: float = 1e-12) -> int:
+  r"""Smallest M with :func:`poisson_overflow_probability` (N, q, M) ≤ ``overflow_probability``.
+
+  Args:
+    dataset_size: N ≥ 1.
+    sampling_rate: q in (0, 1].
+    overflow_probability: the accepted probability that a batch exceeds M, in [0, 1).
+
+  Returns:
+    M, an int in [0, N].
+  """
+  n = _check_static_int("dataset_size", dataset_size, 1)
+  _validation.check_range("sampling_rate", sampling_rate, lo=0.0, hi=1.0, lo_open=True)
+  _validation.check_range("overflow_probability", overflow_probability, lo=0.0, hi=1.0, hi_open=True)
+  q = float(sampling_rate)
+  p = lambda m: poisson_overflow_probability(n, q, m)
+  mean, sd = n * q, math.sqrt(n * q * (1 - q))
+  hi = min(n, math.ceil(mean + 8 * sd + 16))
+  while p(hi) > overflow_probability and hi < n:
+    hi = min(n, 2 * hi)
+  lo = -1  # p(lo) > target by convention
+  while hi - lo > 1:
+    mid = (lo + hi) // 2
+    if mid >= 0 and p(mid) <= overflow_probability:
+      hi = mid
+    else:
+      lo = mid
+  return hi
+
+
+def poisson_truncation_delta(dataset_size: int, sampling_rate: float, max_batch_size: int,
+                             steps: int, epsilon: float) -> float:
+  r"""δ to add for truncating T Poisson batches at M: :math:`(1 + e^\varepsilon)\,T\,p_{N+1}`.
+
+  With :math:`p_{N+1}` = :func:`poisson_overflow_probability` (N + 1, q, M): if the ideal
+  (untruncated) run is (ε, δ)-DP, the truncated run is (ε, δ + this)-DP (proof in the module
+  docstring). Report ε together with the total δ.
+
+  Args:
+    dataset_size: N.
+    sampling_rate: q.
+    max_batch_size: M.
+    steps: T, the number of batches drawn.
+    epsilon: the ε the guarantee is stated at (≥ 0, may be inf).
+
+  Returns:
+    The extra δ, at most 1.
+  """
+  _validation.check_range("steps", steps, lo=0.0)
+  _validation.check_range("epsilon", epsilon, lo=0.0, allow_inf=True)
+  p = poisson_overflow_probability(int(dataset_size) + 1, sampling_rate, max_batch_size)
+  if p == 0.0 or steps == 0:
+    return 0.0
+  if not math.isfinite(epsilon) or epsilon > 700:
+    return 1.0
+  return float(min(1.0, (1 + math.exp(epsilon)) * float(steps) * p * (1 + 1e-12)))

@@ -1,0 +1,212 @@
+r"""Noise schedules designed by gradient under an (ε, δ) budget.
+
+Problem: given a schedule of phases (phase i runs :math:`T_i` steps at sampling rate
+:math:`q_i` and noise multiplier :math:`\sigma_i`) and a differentiable *utility proxy*
+:math:`U(\sigma, q)` to minimise (for example a weighted sum of per-step noise variances),
+
+.. math:: \min_{\sigma} U(\sigma, q) \quad\text{subject to}\quad
+          \varepsilon_\delta(\sigma, q, T) \le \varepsilon^\star .
+
+Method (projection by a common scale). The schedule is parametrised by its *shape*
+:math:`\theta = \log \tilde\sigma` and one scale :math:`u`: :math:`\sigma = e^{u}\tilde\sigma`.
+Since ε decreases strictly in a common factor on every σ, each shape has exactly one scale
+:math:`u(\theta)` with :math:`h(u, \theta) = \log\varepsilon(e^{u}\tilde\sigma) -
+\log\varepsilon^\star = 0`: the constraint is always active and every iterate sits on the
+budget's boundary. The optimiser (any optax transformation, Adam by default) minimises
+:math:`U(e^{u(\theta)}\tilde\sigma(\theta))` over the shape alone; the gradient through the
+implicit scale is the implicit-function theorem,
+:math:`du/d\theta = -(\partial h/\partial\theta)/(\partial h/\partial u)`, with ε's gradient
+from :func:`jaxrdp.dpsgd_epsilon` (exact envelope gradients at the optimal order). The scale
+follows the shape by one Newton step in :math:`u` per iteration (warm-started; ε is close to a
+power law in σ, so Newton in log-log coordinates converges in a few steps).
+
+Safety: the iterates use the grid-order ε (fast); the returned schedule is re-scaled by
+bisection on the refined ε of :func:`jaxrdp.dpsgd_epsilon` so that its ε is **at most** the
+target (within 1e-10 relative of it), and that ε is returned with it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxrdp import _validation
+from jaxrdp.accounting import _check_schedule, _dpsgd_epsilon, _orders, _phases, _refine_order
+from jaxrdp.composition import compute_rdp
+from jaxrdp.conversion import compute_epsilon
+
+_PROJECTION_STEPS = 60   # at most this many evaluations of the final safe re-scaling
+
+
+class ScheduleResult(NamedTuple):
+  """What :func:`optimize_schedule` returns."""
+  noise_multiplier: jax.Array   # the optimised σ of each phase (ε ≤ target)
+  sampling_rate: jax.Array      # q of each phase (as given, broadcast to the phases)
+  steps: jax.Array              # steps of each phase (as given)
+  epsilon: jax.Array            # dpsgd_epsilon of the result, ≤ target_epsilon
+  utility: jax.Array            # the utility proxy at the result
+  history: np.ndarray           # utility proxy after each iteration (on the budget boundary)
+
+
+def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array],
+                      noise_multiplier: jax.typing.ArrayLike,
+                      sampling_rate: jax.typing.ArrayLike,
+                      steps: jax.typing.ArrayLike, *,
+                      target_epsilon: float, delta: float,
+                      optimizer: optax.GradientTransformation | None = None,
+                      num_iterations: int = 200,
+                      orders: jax.typing.ArrayLike | None = None) -> ScheduleResult:
+  r"""The noise schedule minimising ``utility`` whose DP-SGD ε is at most ``target_epsilon``.
+
+  Args:
+    utility: ``utility(noise_multiplier, sampling_rate) -> scalar``, differentiable in
+      ``noise_multiplier`` (an array with one entry per phase); smaller is better. It must
+      reward less noise (otherwise the budget is not the binding constraint).
+    noise_multiplier: the initial schedule (its shape is what is optimised; its scale is set
+      by the budget), scalar or 1-D, > 0.
+    sampling_rate: q per phase (scalar or 1-D), in (0, 1]; kept fixed.
+    steps: steps per phase (scalar or 1-D), ≥ 0; kept fixed.
+    target_epsilon: the ε budget, > 0.
+    delta: δ in (0, 1).
+    optimizer: an optax transformation acting on log σ (default ``optax.adam(0.05)``).
+    num_iterations: optimiser iterations.
+    orders: RDP orders (default :data:`jaxrdp.DEFAULT_ORDERS`).
+
+  Returns:
+    A :class:`ScheduleResult`; ``epsilon`` ≤ ``target_epsilon`` always holds.
+
+  Method: projection by a common scale with implicit gradients (module docstring).
+  """
+  _validation.check_range("target_epsilon", target_epsilon, lo=0.0, lo_open=True)
+  _check_schedule(sampling_rate, noise_multiplier, steps, delta)
+  _validation.check_range("noise_multiplier", noise_multiplier, lo=0.0, lo_open=True)
+  if int(num_iterations) < 0:
+    raise ValueError(f"num_iterations must be >= 0, got {num_iterations}.")
+  q, sigma0, t = _phases(sampling_rate, noise_multiplier, steps)
+  if not bool(jnp.any((q > 0) & (t > 0))):
+    raise ValueError("the schedule spends no privacy (every phase has sampling_rate = 0 or "
+                     "steps = 0): there is nothing to optimise.")
+  dtype = q.dtype
+  grid = _orders(orders, dtype)
+  delta = jnp.asarray(delta, dtype)
+  log_target = jnp.log(jnp.asarray(target_epsilon, dtype))
+  optimizer = optax.adam(0.05) if optimizer is None else optimizer
+
+  theta = jnp.log(sigma0)
+  # Start on the boundary: solve for the scale of the initial shape exactly.
+  u = _safe_scale(theta, jnp.zeros((), dtype), q, t, delta, grid, target_epsilon)
+  step = _make_step(utility, optimizer, q, t, delta, grid)
+  opt_state = optimizer.init(theta)
+  history = []
+  for _ in range(int(num_iterations)):
+    theta, u, opt_state, value = step(theta, u, opt_state, log_target)
+    history.append(float(value))
+  u = _safe_scale(theta, u, q, t, delta, grid, target_epsilon)
+  sigma = jnp.exp(u + theta)
+  eps = _dpsgd_epsilon(q, sigma, t, delta, grid, True)
+  if not bool(eps <= target_epsilon):  # the bisection keeps the safe side; this cannot fail
+    raise RuntimeError(f"internal error: projected schedule has epsilon {float(eps)} > target.")
+  return ScheduleResult(sigma, q, t, eps, utility(sigma, q), np.asarray(history))
+
+
+def _log_eps(u, theta, q, t, delta, grid):
+  """log ε of σ = e^u e^θ at the grid orders (differentiable, envelope gradients)."""
+  return jnp.log(_dpsgd_epsilon(q, jnp.exp(u + theta), t, delta, grid, False))
+
+
+def _make_step(utility, optimizer, q, t, delta, grid):
+  h_grad = jax.value_and_grad(_log_eps, argnums=(0, 1))
+  u_grad = jax.grad(lambda u, theta: utility(jnp.exp(u + theta), q), argnums=(0, 1))
+
+  @jax.jit
+  def step(theta, u, opt_state, log_target):
+    h, (h_u, h_theta) = h_grad(u, theta, q, t, delta, grid)
+    h_u = jnp.where(h_u < 0, h_u, -1.0)   # ε strictly decreases in the scale
+    u = u - (h - log_target) / h_u         # Newton step onto the boundary
+    dU_du, dU_dtheta = u_grad(u, theta)
+    grad = dU_dtheta - dU_du * h_theta / h_u   # implicit-function theorem
+    updates, opt_state = optimizer.update(grad, opt_state, theta)
+    theta = optax.apply_updates(theta, updates)
+    return theta, u, opt_state, utility(jnp.exp(u + theta), q)
+  return step
+
+
+def _safe_scale(theta, u_guess, q, t, delta, grid, target):
+  """The scale u with refined ε(e^u e^θ) ≤ target within 1e-10 relative (safe side).
+
+  Safeguarded regula falsi (Illinois) on g(u) = log ε − log target, decreasing in u: few
+  evaluations of one compiled function, and the returned point always has g ≤ 0.
+  """
+  def g(u):
+    eps = float(_dpsgd_epsilon(q, jnp.exp(u + theta), t, delta, grid, True))
+    return math.log(eps / target) if eps > 0 else -math.inf
+  hi = float(u_guess) + 0.01
+  g_hi = g(hi)
+  while g_hi > 0:
+    if hi > 40:
+      raise ValueError(f"target_epsilon={target} cannot be met by scaling this schedule "
+                       "(noise multipliers up to e^40 times the initial ones).")
+    hi += 0.5
+    g_hi = g(hi)
+  lo = hi - 0.02
+  g_lo = g(lo)
+  while g_lo <= 0 and lo > -40:
+    hi, g_hi = lo, g_lo
+    lo -= 0.5
+    g_lo = g(lo)
+  if g_lo <= 0:
+    return jnp.asarray(lo, q.dtype)   # even e^-40 meets the target
+  side, true_g_hi = 0, g_hi   # g_lo, g_hi below are interpolation weights (Illinois-halved)
+  for _ in range(_PROJECTION_STEPS):
+    if true_g_hi > -1e-10 or hi - lo < 1e-13:
+      break
+    x = hi - g_hi * (hi - lo) / (g_hi - g_lo) if math.isfinite(g_hi) else 0.5 * (lo + hi)
+    if not lo < x < hi:
+      x = 0.5 * (lo + hi)
+    g_x = g(x)
+    if g_x <= 0:
+      hi, g_hi, true_g_hi = x, g_x, g_x
+      g_lo = g_lo / 2 if side == -1 else g_lo
+      side = -1
+    else:
+      lo, g_lo = x, g_x
+      g_hi = g_hi / 2 if side == 1 else g_hi
+      side = 1
+  return jnp.asarray(hi, q.dtype)
+
+
+def epsilon_trajectory(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
+                       steps: jax.typing.ArrayLike, delta: float, at_steps: jax.typing.ArrayLike, *,
+                       orders: jax.typing.ArrayLike | None = None) -> jax.Array:
+  r"""ε after the first ``n`` steps of a phased schedule, for each ``n`` in ``at_steps``.
+
+  The first ``n`` steps of a schedule are the phases truncated at ``n``:
+  :math:`T_i(n) = \min(T_i, \max(0, n - \sum_{j<i} T_j))`. Each value is
+  :func:`jaxrdp.dpsgd_epsilon` of that prefix (refined order).
+  """
+  _check_schedule(sampling_rate, noise_multiplier, steps, delta)
+  _validation.check_range("at_steps", at_steps, lo=0.0)
+  q, sigma, t = _phases(sampling_rate, noise_multiplier, steps)
+  grid = _orders(orders, q.dtype)
+  at = jnp.atleast_1d(jnp.asarray(at_steps, q.dtype))
+  starts = jnp.cumsum(t) - t
+  prefix = jnp.clip(at[:, None] - starts[None, :], 0.0, t[None, :])
+  eps = _prefix_epsilon(q, sigma, prefix, jnp.asarray(delta, q.dtype), grid)
+  return eps.reshape(jnp.shape(at_steps))
+
+
+@jax.jit
+def _prefix_epsilon(q, sigma, prefix, delta, grid):
+  per_step = compute_rdp(q, sigma, 1.0, grid)          # (phases, orders), computed once
+  finite = jnp.isfinite(grid) & (grid > 1)
+
+  def one(tt):
+    rdp = jnp.sum(jnp.where(tt[:, None] > 0, tt[:, None] * per_step, 0.0), axis=0)
+    eps, order = compute_epsilon(grid, rdp, delta)
+    return _refine_order(q, sigma, tt, delta, grid, finite, eps, order)[0]
+  return jax.lax.map(one, prefix)

@@ -1,0 +1,433 @@
+r"""DP-SGD as optax transforms, with a Rényi-DP accountant in the optimizer state.
+
+:func:`differentially_private_aggregate` is a drop-in replacement for
+``optax.contrib.differentially_private_aggregate`` (same first three positional arguments)
+that implements DP-SGD with Poisson sampling (Abadi et al. 2016, Alg. 1):
+
+.. math:: \tilde g_t = \frac{1}{b}\Big(\sum_{i \in B_t} \mathrm{clip}_C(g_i) + \mathcal N(0, \sigma^2 C^2 I)\Big),
+
+with b the public ``expected_batch_size`` (= q N). Dividing by the realised batch size |B_t|
+would leak it; dividing by the padded size would change the scale with padding.
+
+Each step is one Poisson-sampled Gaussian mechanism with sampling rate q and noise multiplier
+σ (L2 sensitivity C, noise std σC), so the state accumulates its RDP,
+:math:`\sum_t \varepsilon_{q_t,\sigma_t}(\alpha)` at every order (Mironov 2017, Prop. 1;
+per-step RDP from :func:`jaxrdp.compute_rdp`, exact, Mironov, Talwar, Zhang 2019), and
+:func:`privacy_spent` converts it to (ε, δ) (:func:`jaxrdp.compute_epsilon`).
+
+Accountant design (nearly free per step, no float32 drift):
+
+* The state keeps the current *segment*: the (q, σ) of the last step, its per-step RDP
+  vector, and the number of steps taken with it. A step with the same (q, σ) only
+  increments the counter; the accumulated RDP is ``closed + steps · step_rdp``, one rounding
+  instead of one per step. When (q, σ) changes (a schedule), the segment is closed into
+  ``closed`` by Kahan (compensated) summation (Kahan 1965; error O(ε_mach), independent of
+  the number of segments) and the RDP kernel runs once for the new value, inside
+  ``lax.cond``. Constant q and σ given as numbers are computed once, outside the step graph.
+* The accountant's dtype is float32, or float64 when x64 is enabled (the canonical float);
+  ``accountant_dtype`` overrides it. The conversion to ε rounds RDP up by the kernel's
+  error bound, which also covers the accumulation's few ulps.
+* Under ``jit``, invalid hyperparameter values (from schedules or traced arguments) give NaN
+  updates; an RDP that cannot be computed is NaN and that order is skipped by the conversion
+  (ε = +inf if none is left): never a smaller ε.
+
+The PRNG key is stored as raw key data (uint32) so that the state is a pytree of plain
+arrays (checkpointable with NumPy); it is split every step and never reused.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Union
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+from jax import lax
+import optax
+
+from jaxrdp import _validation
+from jaxrdp.composition import compute_rdp
+from jaxrdp.conversion import compute_epsilon
+from jaxrdp.microbatch import ClippedGradSum, batch_size_of, clip_and_sum
+from jaxrdp.orders import DEFAULT_ORDERS
+
+ScalarOrSchedule = Union[float, jax.typing.ArrayLike, Callable[[jax.Array], jax.typing.ArrayLike]]
+
+# Steps per segment before it is closed even without a change: keeps ``steps`` exact when
+# converted to float32 (2**24) and far from int32 overflow.
+_MAX_SEGMENT_STEPS = 2 ** 24
+
+
+class DifferentiallyPrivateAggregateState(NamedTuple):
+  """State of :func:`differentially_private_aggregate`: noise key and RDP accountant.
+
+  Attributes:
+    key: raw PRNG key data (uint32), split at every step.
+    count: int32, steps taken; schedules are evaluated at it.
+    orders: the accountant's Rényi orders, shape (K,).
+    rdp: RDP of the closed segments at each order, Kahan-summed, shape (K,).
+    rdp_compensation: Kahan compensation of ``rdp`` (the true sum is ``rdp - rdp_compensation``).
+    sampling_rate: q of the current segment (NaN before the first step).
+    noise_multiplier: σ of the current segment (NaN before the first step).
+    step_rdp: RDP of one step of the current segment, shape (K,).
+    segment_steps: int32, steps taken in the current segment.
+  """
+  key: jax.Array
+  count: jax.Array
+  orders: jax.Array
+  rdp: jax.Array
+  rdp_compensation: jax.Array
+  sampling_rate: jax.Array
+  noise_multiplier: jax.Array
+  step_rdp: jax.Array
+  segment_steps: jax.Array
+
+
+def _value(x, count):
+  return x(count) if callable(x) else x
+
+
+def _is_fixed(x) -> bool:
+  """A value known now (not a schedule, not a tracer): its RDP can be computed once."""
+  return not callable(x) and _validation.is_concrete(x)
+
+
+# Allowed ranges; concrete values are checked eagerly, schedules at every eager evaluation.
+_LIMITS = {
+    "l2_norm_clip": dict(lo=0.0),
+    "noise_multiplier": dict(lo=0.0),
+    "sampling_rate": dict(lo=0.0, hi=1.0, lo_open=True),
+    "expected_batch_size": dict(lo=0.0, lo_open=True),
+}
+
+
+def _checked(name, x, **limits):
+  """Range check of a concrete scalar (schedules are checked where they are evaluated)."""
+  if x is None:
+    raise TypeError(f"{name} is required (got None).")
+  if not callable(x):
+    _validation.check_range(name, x, **limits)
+    if jnp.ndim(x) != 0:
+      raise ValueError(f"{name} must be a scalar or a schedule (callable of the step count); "
+                       f"got shape {jnp.shape(x)}.")
+  return x
+
+
+def _kahan_add(total, compensation, x):
+  """total + x with Kahan's compensation (the exact sum is ``total - compensation``).
+
+  Infinite or NaN values are carried by ``total``; the compensation then stays 0 so that
+  it never turns an infinite total into NaN."""
+  y = x - compensation
+  t = total + y
+  c = (t - total) - y
+  return t, jnp.where(jnp.isfinite(t) & jnp.isfinite(c), c, 0)
+
+
+def _accountant_dtype(accountant_dtype):
+  if accountant_dtype is None:
+    return jnp.result_type(float)  # float32, or float64 when x64 is enabled
+  dtype = jnp.dtype(accountant_dtype)
+  if not jnp.issubdtype(dtype, jnp.floating):
+    raise TypeError(f"accountant_dtype must be a floating dtype, got {dtype}.")
+  if jax.dtypes.canonicalize_dtype(dtype) != dtype:
+    raise ValueError(f"accountant_dtype={dtype} is not available: enable jax_enable_x64 for "
+                     "float64 (jaxrdp never changes that flag).")
+  return dtype
+
+
+def _under_trace() -> bool:
+  return isinstance(jnp.zeros(()), jax.core.Tracer)
+
+
+def differentially_private_aggregate(
+    l2_norm_clip: ScalarOrSchedule,
+    noise_multiplier: ScalarOrSchedule,
+    key: jax.Array | int | None,
+    *,
+    sampling_rate: ScalarOrSchedule,
+    expected_batch_size: ScalarOrSchedule,
+    orders: jax.typing.ArrayLike | None = None,
+    accountant_dtype: Any = None,
+) -> optax.GradientTransformationExtraArgs:
+  r"""Clip per-example gradients, sum, add Gaussian noise once, divide by the expected batch size.
+
+  ``updates`` are per-example gradients (every leaf with a leading batch axis, as from
+  ``jax.vmap(jax.grad(loss), in_axes=(None, 0))``), or a :class:`jaxrdp.ClippedGradSum`
+  (from :func:`jaxrdp.clipped_grad_sum`, microbatched), which is only noised. The update
+  function takes an optional ``mask`` (bool[B], False = padding; e.g. from
+  :func:`jaxrdp.poisson_sample`): ``tx.update(per_example_grads, state, params, mask=mask)``.
+  Padding contributes exactly zero, even when its gradients are NaN or inf.
+
+  Per step t (``count``): clip every example to global L2 norm :math:`C_t`, sum in at least
+  float32, add :math:`\mathcal N(0, (\sigma_t C_t)^2 I)` once, divide by :math:`b_t`
+  (``expected_batch_size``), return in the gradients' dtype (the parameters' dtype for a
+  ``ClippedGradSum`` when ``params`` is given). The accountant adds the RDP of one
+  Poisson-sampled Gaussian step at :math:`(q_t, \sigma_t)`.
+
+  Only valid as the FIRST transform of a chain, with batches drawn by Poisson sampling at
+  rate ``sampling_rate`` (:func:`jaxrdp.poisson_sample`); otherwise the accounted ε does not
+  describe the training run.
+
+  Args:
+    l2_norm_clip: C ≥ 0, the per-example clipping norm, or a schedule ``count -> C``.
+    noise_multiplier: σ ≥ 0 (noise std σC), or a schedule. σ = 0 is a non-private run (ε = ∞).
+    key: a PRNG key (``jax.random.key``, or a legacy uint32 key) or an int seed. Required.
+    sampling_rate: q in (0, 1], the Poisson sampling rate, or a schedule.
+    expected_batch_size: b > 0, the public divisor (q times the dataset size), or a schedule.
+    orders: Rényi orders of the accountant (default :data:`jaxrdp.DEFAULT_ORDERS`).
+    accountant_dtype: dtype of the accountant (default: float64 under x64, else float32).
+
+  Returns:
+    An :class:`optax.GradientTransformationExtraArgs` whose state is a
+    :class:`DifferentiallyPrivateAggregateState`; read ε with :func:`privacy_spent`.
+
+  References:
+    Abadi et al., "Deep Learning with Differential Privacy", CCS 2016, Alg. 1; Mironov,
+    "Rényi Differential Privacy", 2017, Prop. 1; Mironov, Talwar, Zhang, "Rényi Differential
+    Privacy of the Sampled Gaussian Mechanism", arXiv:1908.10530, 2019.
+  """
+  raw_key, impl = _validation.canonical_key(key)
+  hyper = {"l2_norm_clip": l2_norm_clip, "noise_multiplier": noise_multiplier,
+           "sampling_rate": sampling_rate, "expected_batch_size": expected_batch_size}
+  for name, x in hyper.items():
+    _checked(name, x, **_LIMITS[name])
+  dtype = _accountant_dtype(accountant_dtype)
+  orders = DEFAULT_ORDERS if orders is None else orders
+  _validation.check_range("orders", orders, lo=1.0, allow_inf=True)
+  if not _validation.is_concrete(orders):
+    raise TypeError("orders must be concrete (a NumPy array or list), not a traced value.")
+  orders = np.asarray(orders, dtype=dtype)
+  if orders.ndim != 1:
+    raise ValueError(f"orders must be 1-D, got shape {orders.shape}.")
+  fixed = _is_fixed(sampling_rate) and _is_fixed(noise_multiplier)
+  cache = {}
+
+  def rdp_now(q, sigma):
+    """Per-step RDP of concrete (q, σ), computed now (eagerly), as a NumPy array."""
+    if dtype == jnp.result_type(float):
+      # Python floats take the canonical dtype (and share the kernel's compilation with
+      # compute_rdp calls on Python numbers).
+      q, sigma = float(np.asarray(q)), float(np.asarray(sigma))
+    else:
+      q, sigma = np.asarray(q, dtype), np.asarray(sigma, dtype)
+    if _under_trace():
+      with jax.ensure_compile_time_eval():
+        return np.asarray(compute_rdp(q, sigma, 1, orders), dtype)
+    return np.asarray(compute_rdp(q, sigma, 1, orders), dtype)
+
+  def fixed_step_rdp():
+    """Per-step RDP of constant (q, σ), computed once, outside any step graph."""
+    if "rdp" not in cache:
+      cache["rdp"] = rdp_now(sampling_rate, noise_multiplier)
+    return cache["rdp"]
+
+  def init_fn(params):
+    del params
+    count = jnp.zeros((), jnp.int32)
+    for name, x in hyper.items():
+      if callable(x):  # schedules: check the first value when it is concrete
+        _checked(f"{name}(0)", x(count), **_LIMITS[name])
+    nan = jnp.full((), jnp.nan, dtype)
+    zeros = jnp.zeros(orders.shape, dtype)
+    if fixed:
+      fixed_step_rdp()  # compute now, eagerly, rather than in the first traced update
+    return DifferentiallyPrivateAggregateState(
+        key=jnp.asarray(raw_key), count=count, orders=jnp.asarray(orders), rdp=zeros,
+        rdp_compensation=zeros, sampling_rate=nan, noise_multiplier=nan, step_rdp=zeros,
+        segment_steps=jnp.zeros((), jnp.int32))
+
+  def account(state, q, sigma):
+    """The accountant after one more step at (q, σ)."""
+    q = jnp.asarray(q, dtype)
+    sigma = jnp.asarray(sigma, dtype)
+    changed = (q != state.sampling_rate) | (sigma != state.noise_multiplier)
+    if fixed:
+      step_rdp = jnp.where(changed, jnp.asarray(fixed_step_rdp()), state.step_rdp)
+    elif _validation.is_concrete((changed,)):  # eager use: no cond to compile
+      step_rdp = jnp.asarray(rdp_now(q, sigma)) if bool(changed) else state.step_rdp
+    else:
+      step_rdp = lax.cond(changed, lambda: compute_rdp(q, sigma, 1, orders).astype(dtype),
+                          lambda: state.step_rdp)
+    # A state whose orders differ from this transform's (e.g. a foreign checkpoint) cannot be
+    # continued: its RDP becomes NaN (order skipped), never a wrong number.
+    step_rdp = jnp.where(state.orders == orders, step_rdp, jnp.nan)
+    close = changed | (state.segment_steps >= _MAX_SEGMENT_STEPS)
+    steps = state.segment_steps.astype(dtype)
+    segment = jnp.where(close & (state.segment_steps > 0), steps * state.step_rdp, 0)
+    rdp, compensation = _kahan_add(state.rdp, state.rdp_compensation, segment)
+    return state._replace(
+        count=optax.safe_int32_increment(state.count), rdp=rdp, rdp_compensation=compensation,
+        sampling_rate=q, noise_multiplier=sigma, step_rdp=step_rdp,
+        segment_steps=jnp.where(close, 1, state.segment_steps + 1).astype(jnp.int32))
+
+  def update_fn(updates, state, params=None, mask=None, **extra_args):
+    del extra_args
+    if not isinstance(state, DifferentiallyPrivateAggregateState):
+      raise TypeError("state must be the DifferentiallyPrivateAggregateState made by this "
+                      f"transform's init, got {type(state).__name__}.")
+    now = {name: _value(x, state.count) for name, x in hyper.items()}
+    for name, x in now.items():
+      _checked(name, x, **_LIMITS[name])
+    clip, sigma = now["l2_norm_clip"], now["noise_multiplier"]
+    q, divisor = now["sampling_rate"], now["expected_batch_size"]
+    if isinstance(updates, ClippedGradSum):
+      if mask is not None:
+        raise ValueError("mask must be None when updates is a ClippedGradSum (the mask was "
+                         "applied by clipped_grad_sum).")
+      sums = updates.grad_sum
+      _validation.check_range("ClippedGradSum.l2_norm_clip", updates.l2_norm_clip, lo=0.0)
+      if _validation.is_concrete((updates.l2_norm_clip, clip)) and not (
+          float(updates.l2_norm_clip) <= float(clip)):
+        raise ValueError(f"the ClippedGradSum was clipped at {float(updates.l2_norm_clip)}, above "
+                         f"this transform's l2_norm_clip={float(clip)}: the noise would be too small.")
+      clip_ok = updates.l2_norm_clip <= clip
+      leaves, treedef = jax.tree.flatten(sums)
+      if params is not None:
+        p_leaves, p_treedef = jax.tree.flatten(params)
+        if p_treedef != treedef:
+          raise ValueError("ClippedGradSum.grad_sum must have the structure of params; got "
+                           f"{treedef} and {p_treedef}.")
+        out_dtypes = [jnp.result_type(p) for p in p_leaves]
+      else:
+        out_dtypes = [jnp.result_type(x) for x in leaves]
+      leaves = [jnp.asarray(x).astype(jnp.promote_types(jnp.result_type(x), jnp.float32))
+                for x in leaves]
+    else:
+      g_leaves, treedef = jax.tree.flatten(updates)
+      _check_per_example(g_leaves, treedef, params)
+      out_dtypes = [jnp.result_type(x) for x in g_leaves]
+      leaves = jax.tree.leaves(clip_and_sum(updates, clip, mask))
+      clip_ok = True
+    base = jax.random.wrap_key_data(state.key, impl=impl) if impl else (
+        jax.random.wrap_key_data(state.key))
+    next_key, noise_key = jax.random.split(base)
+    keys = jax.random.split(noise_key, len(leaves))
+    noised = []
+    for x, k, out in zip(leaves, keys, out_dtypes):
+      std = jnp.asarray(sigma, x.dtype) * jnp.asarray(clip, x.dtype)
+      y = (x + std * jax.random.normal(k, x.shape, x.dtype)) / jnp.asarray(divisor, x.dtype)
+      noised.append(y)
+    # Under jit the eager checks do not run: invalid values give NaN updates.
+    ok = (jnp.asarray(clip) >= 0) & (jnp.asarray(sigma) >= 0) & (jnp.asarray(divisor) > 0) & clip_ok
+    noised = [jnp.where(ok, y, jnp.nan).astype(out) for y, out in zip(noised, out_dtypes)]
+    new_state = account(state, q, sigma)._replace(key=jax.random.key_data(next_key))
+    return jax.tree.unflatten(treedef, noised), new_state
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _check_per_example(leaves, treedef, params):
+  batch = batch_size_of(leaves)
+  if params is None:
+    return
+  p_leaves, p_treedef = jax.tree.flatten(params)
+  if p_treedef != treedef:
+    raise ValueError(f"per-example gradients must have the structure of params; got {treedef} "
+                     f"and {p_treedef}.")
+  for g, p in zip(leaves, p_leaves):
+    if jnp.shape(g) != (batch,) + jnp.shape(p):
+      raise ValueError("per-example gradients must have shape (batch,) + parameter shape on every "
+                       f"leaf; got {jnp.shape(g)} for a parameter of shape {jnp.shape(p)}. "
+                       "Unbatched gradients are not accepted (clipping needs each example).")
+
+
+def dpsgd(learning_rate: optax.ScalarOrSchedule, l2_norm_clip: ScalarOrSchedule,
+          noise_multiplier: ScalarOrSchedule, key: jax.Array | int | None, *,
+          sampling_rate: ScalarOrSchedule, expected_batch_size: ScalarOrSchedule,
+          momentum: float | None = None, nesterov: bool = False,
+          orders: jax.typing.ArrayLike | None = None,
+          accountant_dtype: Any = None) -> optax.GradientTransformationExtraArgs:
+  r"""DP-SGD: :func:`differentially_private_aggregate`, optional momentum, learning rate.
+
+  The same chain as ``optax.contrib.dpsgd`` (aggregate → ``optax.trace`` → learning rate), with
+  Poisson-sampling semantics, a padding ``mask`` and the accountant; ``key`` replaces optax's
+  int ``seed`` (an int is still accepted). Read ε with ``jaxrdp.privacy_spent(opt_state, δ)``.
+
+  Args:
+    learning_rate: a float or an optax schedule.
+    l2_norm_clip, noise_multiplier, key, sampling_rate, expected_batch_size, orders,
+    accountant_dtype: as in :func:`differentially_private_aggregate`.
+    momentum: decay of ``optax.trace``; None for plain SGD.
+    nesterov: Nesterov momentum.
+
+  Returns:
+    An :class:`optax.GradientTransformationExtraArgs`.
+
+  References:
+    Abadi et al., CCS 2016 (DP-SGD); see :func:`differentially_private_aggregate`.
+  """
+  return optax.chain(
+      differentially_private_aggregate(
+          l2_norm_clip, noise_multiplier, key, sampling_rate=sampling_rate,
+          expected_batch_size=expected_batch_size, orders=orders,
+          accountant_dtype=accountant_dtype),
+      optax.trace(decay=momentum, nesterov=nesterov) if momentum is not None else optax.identity(),
+      optax.scale_by_learning_rate(learning_rate),
+  )
+
+
+def _find_accountant(opt_state) -> DifferentiallyPrivateAggregateState:
+  is_state = lambda x: isinstance(x, DifferentiallyPrivateAggregateState)
+  found = [x for x in jax.tree.leaves(opt_state, is_leaf=is_state) if is_state(x)]
+  if not found:
+    raise ValueError("opt_state contains no DifferentiallyPrivateAggregateState: was the "
+                     "optimizer built with jaxrdp.differentially_private_aggregate or jaxrdp.dpsgd?")
+  if len(found) > 1:
+    raise ValueError(f"opt_state contains {len(found)} DifferentiallyPrivateAggregateStates; "
+                     "pass the one to report (e.g. opt_state[0]).")
+  return found[0]
+
+
+def rdp_spent(opt_state) -> tuple[jax.Array, jax.Array]:
+  r"""(orders, RDP) accumulated so far by the accountant found anywhere in ``opt_state``.
+
+  .. math:: \mathrm{RDP}(\alpha) = \sum_t \varepsilon_{q_t, \sigma_t}(\alpha) = \text{closed segments} + n \cdot \varepsilon_{q, \sigma}(\alpha)
+
+  Args:
+    opt_state: an optimizer state (nested tuples, NamedTuples, dicts, optax wrapper states)
+      holding exactly one :class:`DifferentiallyPrivateAggregateState`.
+
+  Returns:
+    ``(orders, rdp)``, both of shape (K,), in the accountant's dtype.
+  """
+  s = _find_accountant(opt_state)
+  current = jnp.where(s.segment_steps > 0, s.segment_steps.astype(s.step_rdp.dtype) * s.step_rdp, 0)
+  return s.orders, (s.rdp - s.rdp_compensation) + current
+
+
+def privacy_spent(opt_state, delta: jax.typing.ArrayLike, *,
+                  orders: jax.typing.ArrayLike | None = None) -> tuple[jax.Array, jax.Array]:
+  r"""(ε, order): the (ε, δ)-DP guarantee of the training so far.
+
+  Finds the single :class:`DifferentiallyPrivateAggregateState` in ``opt_state`` (error if
+  there is none or more than one) and converts its accumulated RDP with
+  :func:`jaxrdp.compute_epsilon` (improved conversion, rounded up, minimised over orders).
+  Jittable. If batches were drawn by truncated Poisson sampling, add the truncation's δ
+  (:func:`jaxrdp.poisson_truncation_delta`) to the reported δ.
+
+  Args:
+    opt_state: the optimizer state.
+    delta: δ in (0, 1) (a scalar or an array of δ values).
+    orders: optional subset of the accountant's orders to minimise over (each must be one of
+      them); default: all of them.
+
+  Returns:
+    ``(epsilon, order)``. ε = +inf for a non-private run (σ = 0).
+
+  References:
+    Balle et al., AISTATS 2020, Thm. 21; Mironov 2017, Prop. 1 and 3.
+  """
+  state_orders, rdp = rdp_spent(opt_state)
+  if orders is not None:
+    _validation.check_range("orders", orders, lo=1.0, allow_inf=True)
+    wanted = jnp.atleast_1d(jnp.asarray(orders, state_orders.dtype))
+    if wanted.ndim != 1:
+      raise ValueError(f"orders must be a scalar or 1-D, got shape {wanted.shape}.")
+    hit = wanted[:, None] == state_orders[None, :]
+    if _validation.is_concrete((hit,)) and not bool(jnp.all(jnp.any(hit, axis=1))):
+      missing = np.asarray(wanted)[~np.asarray(jnp.any(hit, axis=1))]
+      raise ValueError(f"orders {missing.tolist()} are not among the accountant's orders.")
+    # Orders not asked for are marked NaN, which compute_epsilon skips.
+    rdp = jnp.where(jnp.any(hit, axis=0), rdp, jnp.nan)
+  return compute_epsilon(state_orders, rdp, delta)

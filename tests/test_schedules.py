@@ -1,0 +1,87 @@
+"""Gradient-designed schedules (jaxrdp.schedules): feasibility, optimality, ε trajectories.
+
+All schedules here have two phases, so that the optimum can be found independently by a scan
+over the one free shape parameter (the ratio σ₂/σ₁), each candidate scaled onto the budget.
+"""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxrdp
+from jaxrdp import schedules
+from jaxrdp.accounting import _orders
+
+Q = jnp.array([0.02, 0.02])
+T = jnp.array([200.0, 200.0])
+DELTA = 1e-5
+WEIGHT = jnp.array([0.2, 1.0])    # late steps count five times more
+
+
+def utility(sigma, _q):
+  return jnp.sum(WEIGHT * T * sigma ** 2) / jnp.sum(WEIGHT * T)
+
+
+@pytest.fixture(scope="module")
+def budget():
+  return float(jaxrdp.dpsgd_epsilon(Q, jnp.array([1.0, 1.0]), T, DELTA))
+
+
+@pytest.fixture(scope="module")
+def optimised(budget):
+  return jaxrdp.optimize_schedule(utility, jnp.array([1.0, 1.0]), Q, T, target_epsilon=budget,
+                                  delta=DELTA, num_iterations=60)
+
+
+def test_result_spends_at_most_the_budget_and_sits_on_its_boundary(optimised, budget):
+  eps = float(jaxrdp.dpsgd_epsilon(Q, optimised.noise_multiplier, T, DELTA))
+  assert eps == pytest.approx(float(optimised.epsilon), rel=1e-12)
+  assert eps <= budget
+  assert eps >= budget * (1 - 1e-9)
+  # Any less noise overspends.
+  assert float(jaxrdp.dpsgd_epsilon(Q, optimised.noise_multiplier * (1 - 1e-8), T, DELTA)) > budget
+
+
+def test_late_weighted_proxy_gives_decaying_noise_and_beats_constant(optimised):
+  sigma = np.asarray(optimised.noise_multiplier)
+  assert sigma[0] > sigma[1]
+  assert float(optimised.utility) < float(utility(jnp.array([1.0, 1.0]), Q))
+  assert float(optimised.utility) == pytest.approx(float(utility(optimised.noise_multiplier, Q)))
+
+
+def test_matches_an_independent_scan_over_the_shape(optimised, budget):
+  grid = _orders(None, jnp.float64)
+  best = np.inf
+  for log_ratio in np.linspace(-1.0, 0.2, 25):   # σ₂/σ₁ = e^log_ratio
+    theta = jnp.array([0.0, log_ratio])
+    u = schedules._safe_scale(theta, 0.0, Q, T, jnp.asarray(DELTA), grid, budget)
+    best = min(best, float(utility(jnp.exp(u + theta), Q)))
+  # The optimiser's result is at least as good as the scan's best (within the scan's spacing).
+  assert float(optimised.utility) <= best * (1 + 1e-3)
+
+
+def test_epsilon_trajectory_equals_dpsgd_epsilon_of_prefixes():
+  sigma = jnp.array([1.3, 0.9])
+  at = np.array([0.0, 50.0, 200.0, 333.0, 400.0])
+  traj = np.asarray(jaxrdp.epsilon_trajectory(Q, sigma, T, DELTA, at))
+  assert traj[0] == 0.0
+  for n, eps in zip(at[1:], traj[1:]):
+    prefix = jnp.array([min(n, 200.0), max(0.0, n - 200.0)])
+    assert eps == pytest.approx(float(jaxrdp.dpsgd_epsilon(Q, sigma, prefix, DELTA)), rel=1e-12)
+  assert np.all(np.diff(traj) > 0)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(target_epsilon=0.0), "target_epsilon"),
+    (dict(target_epsilon=1.0, delta=1.5), "delta"),
+    (dict(target_epsilon=1.0, noise_multiplier=jnp.array([1.0, 0.0])), "noise_multiplier"),
+    (dict(target_epsilon=1.0, steps=jnp.array([0.0, 0.0])), "spends no privacy"),
+    (dict(target_epsilon=1.0, num_iterations=-1), "num_iterations"),
+])
+def test_bad_input_raises(kwargs, match):
+  args = dict(noise_multiplier=jnp.array([1.0, 1.0]), sampling_rate=Q, steps=T, delta=DELTA)
+  args.update(kwargs)
+  sigma = args.pop("noise_multiplier")
+  q, t = args.pop("sampling_rate"), args.pop("steps")
+  with pytest.raises(ValueError, match=match):
+    jaxrdp.optimize_schedule(utility, sigma, q, t, **args)
