@@ -24,10 +24,11 @@ from jax import lax
 
 from jaxrdp import _validation
 from jaxrdp.composition import compute_rdp
+from jaxrdp._order_search import grid_epsilon
 from jaxrdp.conversion import compute_epsilon
 from jaxrdp.orders import DEFAULT_ORDERS
 
-_REFINE_STEPS = 26        # dichotomous-search steps refining the order (bracket shrinks ~2^-26)
+_REFINE_STEPS = 12        # dichotomous-search steps refining the order (bracket shrinks ~2^-12)
 _SIGMA_MIN, _SIGMA_MAX = 1e-4, 1e8   # noise multipliers searched
 _Q_MIN = 1e-12                       # smallest sampling rate searched
 
@@ -108,7 +109,7 @@ def dpsgd_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typ
 def _dpsgd_epsilon(q, sigma, t, delta, grid, refine_order):
   sg = lax.stop_gradient
   q_, s_, t_, d_ = sg(q), sg(sigma), sg(t), sg(delta)
-  eps, best = compute_epsilon(grid, _schedule_rdp(q_, s_, t_, grid), d_)
+  eps, best = grid_epsilon(lambda alphas: _schedule_rdp(q_, s_, t_, alphas), grid, d_)
   finite = jnp.isfinite(grid) & (grid > 1)
   if refine_order and grid.shape[0] >= 2:
     eps, best = _refine_order(q_, s_, t_, d_, grid, finite, eps, best)
@@ -238,8 +239,9 @@ def calibrate_noise_multiplier(target_epsilon: jax.typing.ArrayLike, delta: jax.
 @jax.jit
 def _calibrate_sigma(target, delta, q, t, grid):
   def g(log_sigma):   # log(ε/target), non-increasing in σ
-    rdp = _schedule_rdp(q, jnp.broadcast_to(jnp.exp(log_sigma), q.shape), t, grid)
-    return jnp.log(compute_epsilon(grid, rdp, delta)[0] / target)
+    sigma = jnp.broadcast_to(jnp.exp(log_sigma), q.shape)
+    eps, _ = grid_epsilon(lambda alphas: _schedule_rdp(q, sigma, t, alphas), grid, delta)
+    return jnp.log(eps / target)
   log_min, log_max = math.log(_SIGMA_MIN), math.log(_SIGMA_MAX)
   s, found = _safe_boundary(g, jnp.zeros((), q.dtype), log_min, log_max)
   return jnp.where(found, jnp.exp(s), jnp.nan)
@@ -268,8 +270,9 @@ def calibrate_sampling_rate(target_epsilon: jax.typing.ArrayLike, delta: jax.typ
 @jax.jit
 def _calibrate_q(target, delta, sigma, t, grid):
   def g(neg_log_q):   # log(ε/target), non-increasing in -log q
-    rdp = _schedule_rdp(jnp.broadcast_to(jnp.exp(-neg_log_q), sigma.shape), sigma, t, grid)
-    return jnp.log(compute_epsilon(grid, rdp, delta)[0] / target)
+    q = jnp.broadcast_to(jnp.exp(-neg_log_q), sigma.shape)
+    eps, _ = grid_epsilon(lambda alphas: _schedule_rdp(q, sigma, t, alphas), grid, delta)
+    return jnp.log(eps / target)
   s, found = _safe_boundary(g, jnp.asarray(math.log(100.0), sigma.dtype), 0.0,
                             -math.log(_Q_MIN))
   return jnp.where(found, jnp.exp(-s), jnp.nan)

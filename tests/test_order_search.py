@@ -1,0 +1,46 @@
+"""Branch and bound over the orders (jaxrdp/_order_search.py) finds the grid's best order.
+
+Reference: the plain minimum of compute_epsilon over every order of the grid (all orders
+evaluated). The search must return the same order and the same ε up to a few ulps (orders are
+converted one at a time), while evaluating far fewer orders. Random phased schedules over
+q ∈ [1e-4, 1], σ ∈ [0.3, 30], T ∈ [1, 1e5], δ ∈ [1e-12, 1e-2], fixed seed.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxrdp
+from jaxrdp._order_search import grid_epsilon
+from jaxrdp.accounting import _schedule_rdp
+
+
+@pytest.mark.parametrize("dtype, rel", [(jnp.float64, 4e-15), (jnp.float32, 1e-6)])
+def test_search_equals_the_full_grid_minimum_with_fewer_evaluations(dtype, rel):
+  grid = jnp.asarray(jaxrdp.DEFAULT_ORDERS, dtype)
+  search = jax.jit(lambda q, s, t, d: grid_epsilon(lambda a: _schedule_rdp(q, s, t, a), grid, d,
+                                                   return_evaluations=True))
+  full = jax.jit(lambda q, s, t, d: jaxrdp.compute_epsilon(grid, _schedule_rdp(q, s, t, grid), d))
+  rng = np.random.default_rng(7)
+  counts = []
+  for _ in range(25):
+    q = jnp.asarray(10 ** rng.uniform(-4, 0, 2), dtype)
+    s = jnp.asarray(10 ** rng.uniform(-0.5, 1.5, 2), dtype)
+    t = jnp.asarray(np.round(10 ** rng.uniform(0, 5, 2)), dtype)
+    d = jnp.asarray(10 ** rng.uniform(-12, -2), dtype)
+    eps, order, n = search(q, s, t, d)
+    eps_full, order_full = full(q, s, t, d)
+    assert float(order) == float(order_full)
+    assert float(eps) == pytest.approx(float(eps_full), rel=rel, abs=0)
+    counts.append(int(n))
+  assert np.median(counts) <= 48 < grid.shape[0]
+
+
+def test_an_infinite_order_is_handled_like_the_full_grid():
+  grid = jnp.concatenate([jnp.asarray(jaxrdp.DEFAULT_ORDERS), jnp.array([jnp.inf])])
+  q, s, t, d = jnp.array([0.5]), jnp.array([0.2]), jnp.array([3.0]), jnp.asarray(1e-5)
+  eps, order = grid_epsilon(lambda a: _schedule_rdp(q, s, t, a), grid, d)
+  eps_full, order_full = jaxrdp.compute_epsilon(grid, _schedule_rdp(q, s, t, grid), d)
+  assert float(eps) == pytest.approx(float(eps_full), rel=4e-15)
+  assert float(order) == float(order_full)
