@@ -7,35 +7,42 @@ The library never changes ``jax_enable_x64``; it computes in the dtype it is giv
 
 from jaxrdp.accounting import (calibrate_noise_multiplier, calibrate_sampling_rate,
                                 calibrate_steps, dpsgd_epsilon)
-from jaxrdp.composition import compute_rdp
+from jaxrdp.audit import (AuditResult, audit_statistics, audit_transform, clopper_pearson_upper,
+                          epsilon_lower_bound)
 from jaxrdp.closed_form import rdp_sampled_gaussian_closed_form
+from jaxrdp.composition import compute_rdp
+from jaxrdp.conversion import compute_delta, compute_epsilon
+from jaxrdp.gaussian import rdp_gaussian
+from jaxrdp.laplace import rdp_laplace
 from jaxrdp.microbatch import ClippedGradSum, clipped_grad_sum
+from jaxrdp.orders import DEFAULT_ORDERS
+from jaxrdp.randomized_response import rdp_randomized_response
 from jaxrdp.relative_gaussian import rdp_relative_gaussian
 from jaxrdp.relative_gaussian_transform import (RelativeGaussianNoiseState,
                                                 rdp_relative_gaussian_descent,
                                                 relative_gaussian_noise)
+from jaxrdp.sampled_gaussian import log_a, rdp_sampled_gaussian
 from jaxrdp.sampling import (poisson_max_batch_size, poisson_overflow_probability, poisson_sample,
                              poisson_truncation_delta)
+from jaxrdp.schedules import ScheduleResult, epsilon_trajectory, optimize_schedule
+from jaxrdp.sweep import sweep, sweep_noise_multiplier
 from jaxrdp.transform import (DifferentiallyPrivateAggregateState, differentially_private_aggregate,
                               dpsgd, privacy_spent, rdp_spent)
 from jaxrdp.without_replacement import rdp_sampled_gaussian_without_replacement
-from jaxrdp.conversion import compute_delta, compute_epsilon
-from jaxrdp.gaussian import rdp_gaussian
-from jaxrdp.laplace import rdp_laplace
-from jaxrdp.orders import DEFAULT_ORDERS
-from jaxrdp.randomized_response import rdp_randomized_response
-from jaxrdp.schedules import ScheduleResult, epsilon_trajectory, optimize_schedule
-from jaxrdp.sampled_gaussian import log_a, rdp_sampled_gaussian
 from jaxrdp.zcdp import pure_dp_to_zcdp, rdp_tcdp, rdp_zcdp, zcdp_to_delta, zcdp_to_epsilon
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "audit_statistics",
+    "audit_transform",
+    "AuditResult",
     "calibrate_noise_multiplier",
     "calibrate_sampling_rate",
     "calibrate_steps",
     "clipped_grad_sum",
     "ClippedGradSum",
+    "clopper_pearson_upper",
     "compute_delta",
     "compute_epsilon",
     "compute_rdp",
@@ -44,6 +51,7 @@ __all__ = [
     "DifferentiallyPrivateAggregateState",
     "dpsgd",
     "dpsgd_epsilon",
+    "epsilon_lower_bound",
     "epsilon_trajectory",
     "log_a",
     "optimize_schedule",
@@ -67,6 +75,8 @@ __all__ = [
     "relative_gaussian_noise",
     "RelativeGaussianNoiseState",
     "ScheduleResult",
+    "sweep",
+    "sweep_noise_multiplier",
     "zcdp_to_delta",
     "zcdp_to_epsilon",
 ]

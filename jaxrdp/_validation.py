@@ -56,6 +56,28 @@ def check_range(name: str, x, *, lo=None, hi=None, lo_open=False, hi_open=False,
                      f"got {float(example)!r}.")
 
 
+def check_broadcast(**arrays) -> tuple:
+  """The broadcast shape of the named arguments; ValueError naming them when they do not
+  broadcast (shapes are known at trace time, so this also runs under jit)."""
+  shapes = {name: np.shape(x) for name, x in arrays.items()}
+  try:
+    return np.broadcast_shapes(*shapes.values())
+  except ValueError:
+    listed = ", ".join(f"{name} {shape}" for name, shape in shapes.items())
+    raise ValueError(f"{', '.join(shapes)} must broadcast against each other; got shapes "
+                     f"{listed}.") from None
+
+
+def check_int(name: str, x, *, lo: int, hi: int | None = None) -> int:
+  """An int argument (it fixes a loop count or a shape): TypeError unless an int, ValueError
+  outside [lo, hi]."""
+  if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+    raise TypeError(f"{name} must be an int, got {x!r}.")
+  if x < lo or (hi is not None and x > hi):
+    raise ValueError(f"{name} must lie in [{lo}, {'inf' if hi is None else hi}]; got {x}.")
+  return int(x)
+
+
 def as_float_array(x) -> jax.Array:
   """Convert to a JAX floating array, keeping float32/float64 as given (ints become the default float)."""
   x = jnp.asarray(x)

@@ -50,11 +50,14 @@ def _phases(sampling_rate, noise_multiplier, steps):
   return tuple(jnp.broadcast_to(v.astype(dtype), shape) for v in (q, sigma, t))
 
 
-def _check_schedule(sampling_rate, noise_multiplier, steps, delta=None):
+_NO_DELTA = object()
+
+
+def _check_schedule(sampling_rate, noise_multiplier, steps, delta=_NO_DELTA):
   _validation.check_range("sampling_rate", sampling_rate, lo=0.0, hi=1.0)
   _validation.check_range("noise_multiplier", noise_multiplier, lo=0.0)
   _validation.check_range("steps", steps, lo=0.0)
-  if delta is not None:
+  if delta is not _NO_DELTA:  # a sentinel: delta=None is an error (check_range says so)
     _validation.check_range("delta", delta, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
 
 
@@ -290,6 +293,7 @@ def calibrate_steps(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.Arra
   """
   _validation.check_range("target_epsilon", target_epsilon, lo=0.0, lo_open=True)
   _check_schedule(sampling_rate, noise_multiplier, 1.0, delta)
+  max_steps = _validation.check_int("max_steps", max_steps, lo=1)
   q, sigma, _ = _phases(sampling_rate, noise_multiplier, 1.0)
   if q.shape != (1,):
     raise ValueError("calibrate_steps takes a constant sampling_rate and noise_multiplier.")

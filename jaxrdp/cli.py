@@ -6,6 +6,8 @@ Usage::
   jaxrdp calibrate --epsilon E --delta D --sampling-rate Q --steps T [--json]
   jaxrdp dpsgd     --dataset-size N --batch-size B --epochs E --noise-multiplier S --delta D [--json]
   jaxrdp plot      --sampling-rate Q --noise-multiplier S --steps T --delta D --out FILE.png
+  jaxrdp sweep     --sampling-rates QS --noise-multipliers SS --steps TS --deltas DS
+                   [--out FILE.csv|FILE.parquet] [--heatmap FILE.png] [--progress]
 
 (``python -m jaxrdp ...`` is the same.) Two values of ε are reported:
 
@@ -13,6 +15,10 @@ Usage::
   :data:`jaxrdp.DEFAULT_ORDERS`), from :func:`jaxrdp.compute_rdp` + :func:`jaxrdp.compute_epsilon`;
 * ``epsilon_refined``: :func:`jaxrdp.dpsgd_epsilon`, which refines the order continuously
   around the best grid order (never looser than the grid value).
+
+``sweep`` evaluates ε over the grid of all combinations (:func:`jaxrdp.sweep`: grid orders,
+every cell equal to ``dpsgd_epsilon(..., refine_order=False)``) and writes a table and/or a
+heatmap; grid values are comma lists or ranges ``START:STOP:NUM[:log]`` (see ``jaxrdp sweep -h``).
 
 ``calibrate`` prints the smallest noise multiplier whose grid ε is at most the target
 (:func:`jaxrdp.calibrate_noise_multiplier`). ``--json`` prints one JSON object; a non-finite
@@ -35,6 +41,7 @@ import jax
 import numpy as np
 
 import jaxrdp
+from jaxrdp.sweep import sweep as _sweep
 
 _PROG = "jaxrdp"
 _PLOT_POINTS = 40
@@ -47,6 +54,10 @@ _FLAG_OF = {
     "steps": "--steps",
     "delta": "--delta",
     "orders": "--orders",
+    "sampling_rates": "--sampling-rates",
+    "noise_multipliers": "--noise-multipliers",
+    "deltas": "--deltas",
+    "chunk_size": "--chunk-size",
 }
 
 
@@ -248,6 +259,189 @@ def _cmd_plot(args, out) -> None:
   print(f"wrote {args.out}", file=out)
 
 
+_SWEEP_VALUES = """\
+Grid values (--sampling-rates, --noise-multipliers, --steps, --deltas): comma-separated items,
+each a number or a range START:STOP:NUM[:log|:lin] of NUM values from START to STOP, both
+included, evenly spaced (lin, the default) or log-spaced (log; START, STOP > 0). Examples:
+  --sampling-rates 1e-4:1e-1:100:log   --noise-multipliers 0.5:5:100
+  --steps 100,1000,10000               --deltas 1e-5,1e-6
+Range values of --steps are rounded to whole numbers (duplicates dropped).
+
+Output: --out FILE.csv writes one row per grid point, columns
+sampling_rate,noise_multiplier,steps,delta,epsilon (epsilon at the best grid order, as
+jaxrdp.sweep / dpsgd_epsilon(refine_order=False)); --out FILE.parquet needs pyarrow.
+--heatmap FILE.png draws epsilon over sampling rate x noise multiplier for one (steps, delta):
+the first of each, or --heatmap-steps / --heatmap-delta (values of the grid).
+"""
+
+
+def _grid_values(text):
+  """Comma-separated numbers and START:STOP:NUM[:log|:lin] ranges, as a float64 array."""
+  values = []
+  for item in text.split(","):
+    parts = [p.strip() for p in item.split(":")]
+    try:
+      if len(parts) == 1:
+        values.append(float(parts[0]))
+        continue
+      if len(parts) not in (3, 4) or (len(parts) == 4 and parts[3] not in ("lin", "log")):
+        raise ValueError
+      start, stop, num = float(parts[0]), float(parts[1]), int(parts[2])
+    except ValueError:
+      raise argparse.ArgumentTypeError(
+          f"must be comma-separated numbers or START:STOP:NUM[:log] ranges, got {item!r}") from None
+    if num < 1:
+      raise argparse.ArgumentTypeError(f"range {item!r}: NUM must be at least 1")
+    if len(parts) == 4 and parts[3] == "log":
+      if not (start > 0 and stop > 0):
+        raise argparse.ArgumentTypeError(f"log range {item!r}: START and STOP must be > 0")
+      values.extend(np.geomspace(start, stop, num).tolist())
+    else:
+      values.extend(np.linspace(start, stop, num).tolist())
+  return np.asarray(values, np.float64)
+
+
+def _grid_steps(text):
+  """As :func:`_grid_values`; range values rounded to whole numbers, plain values must be whole."""
+  values = []
+  for item in text.split(","):
+    part = _grid_values(item)
+    if ":" in item:
+      part = np.rint(part)
+      part = part[np.concatenate([[True], np.diff(part) != 0])]
+    elif not float(part[0]).is_integer():
+      raise argparse.ArgumentTypeError(f"must be whole numbers, got {item!r}")
+    values.extend(part.tolist())
+  return np.asarray(values, np.float64)
+
+
+def _check_all(flag, values, **bounds) -> None:
+  for v in values:
+    _check(flag, float(v), **bounds)
+
+
+def _pick(flag, grid_flag, grid, value):
+  if value is None:
+    return 0
+  hit = np.flatnonzero(np.isclose(grid, value, rtol=1e-9, atol=0))
+  if hit.size == 0:
+    _fail(f"{flag} must be one of the {grid_flag} values ({', '.join(_fmt(v) for v in grid)}), "
+          f"got {_fmt(value)}")
+  return int(hit[0])
+
+
+def _writable(flag, path) -> None:
+  import os
+  parent = os.path.dirname(os.path.abspath(path))
+  if os.path.isdir(path) or not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+    _fail(f"{flag} cannot be written: {path}")
+
+
+def _write_table(path, axes, eps) -> None:
+  names = ("sampling_rate", "noise_multiplier", "steps", "delta")
+  if path.endswith(".parquet"):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    columns = {n: c.ravel() for n, c in zip(names, np.meshgrid(*axes, indexing="ij"))}
+    columns["steps"] = columns["steps"].astype(np.int64)
+    columns["epsilon"] = eps.ravel()
+    pq.write_table(pa.table(columns), path)
+    return
+  import csv
+  import itertools
+  text = [[repr(float(v)) for v in a] for a in axes]
+  text[2] = [str(int(v)) for v in axes[2]]
+  with open(path, "w", newline="") as f:
+    writer = csv.writer(f)
+    writer.writerow(names + ("epsilon",))
+    writer.writerows(cell + (repr(e),) for cell, e in zip(itertools.product(*text),
+                                                          eps.ravel().tolist()))
+
+
+def _cell_edges(v, log):
+  """Edges of cells centred on the sorted grid values v (geometric midpoints on a log axis)."""
+  x = np.log(v) if log else np.asarray(v, np.float64)
+  if x.size == 1:
+    half = 0.1 if log else max(0.5 * abs(x[0]), 0.5)
+    edges = np.array([x[0] - half, x[0] + half])
+  else:
+    mid = 0.5 * (x[1:] + x[:-1])
+    edges = np.concatenate([[2 * x[0] - mid[0]], mid, [2 * x[-1] - mid[-1]]])
+  return np.exp(edges) if log else edges
+
+
+def _write_heatmap(path, q, sigma, eps, steps, delta) -> None:
+  from matplotlib import colors
+  from matplotlib.figure import Figure
+  fig = Figure(figsize=(7, 5), layout="constrained")
+  ax = fig.subplots()
+  z = np.ma.masked_invalid(np.where(eps > 0, eps, np.nan)).T   # rows: sigma, columns: q
+  norm = colors.LogNorm() if z.count() else None
+  log_q = q.size >= 2 and q.min() > 0 and q.max() / q.min() >= 10
+  mesh = ax.pcolormesh(_cell_edges(q, log_q), _cell_edges(sigma, False), z, norm=norm,
+                       cmap="viridis")
+  fig.colorbar(mesh, ax=ax, label="epsilon")
+  if q.size >= 2 and sigma.size >= 2 and z.count():
+    levels = [v for v in (0.5, 1, 2, 4, 8, 16, 32) if z.min() < v < z.max()]
+    if levels:
+      lines = ax.contour(q, sigma, z, levels=levels, colors="white", linewidths=0.8)
+      ax.clabel(lines, fmt="%g", fontsize=8)
+  if log_q:
+    ax.set_xscale("log")
+  ax.set_xlabel("sampling rate q")
+  ax.set_ylabel("noise multiplier sigma")
+  ax.set_title(f"epsilon after {int(steps)} steps, delta = {delta:g}")
+  fig.savefig(path, dpi=100)
+
+
+def _cmd_sweep(args, out) -> None:
+  if args.out is None and args.heatmap is None:
+    _fail("--out (a .csv or .parquet file) or --heatmap (a .png file) is required")
+  _check_all("--sampling-rates", args.sampling_rates, lo=0.0, hi=1.0)
+  _check_all("--noise-multipliers", args.noise_multipliers, lo=0.0, lo_open=True)
+  _check_all("--steps", args.steps, lo=1)
+  _check_all("--deltas", args.deltas, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+  if args.out is not None:
+    _writable("--out", args.out)
+    if args.out.endswith(".parquet"):
+      try:
+        import pyarrow.parquet  # noqa: F401
+      except ImportError:
+        _fail("--out FILE.parquet needs pyarrow: pip install pyarrow (or write a .csv file)")
+  if args.heatmap is not None:
+    _writable("--heatmap", args.heatmap)
+    try:
+      import matplotlib.figure  # noqa: F401
+    except ImportError:
+      _fail("--heatmap needs matplotlib: pip install matplotlib")
+  t_index = _pick("--heatmap-steps", "--steps", args.steps, args.heatmap_steps)
+  d_index = _pick("--heatmap-delta", "--deltas", args.deltas, args.heatmap_delta)
+  if args.progress:
+    try:
+      import tqdm  # noqa: F401
+    except ImportError:
+      _fail("--progress needs tqdm: pip install tqdm")
+  axes = (args.sampling_rates, args.noise_multipliers, args.steps, args.deltas)
+  with jax.enable_x64(True):
+    eps = np.asarray(_sweep(*axes, orders=None if args.orders is None else _grid(args.orders),
+                            chunk_size=args.chunk_size, progress=args.progress))
+  if args.out is not None:
+    try:
+      _write_table(args.out, axes, eps)
+    except OSError as err:
+      _fail(f"--out cannot be written: {' '.join(str(err).split())}")
+    counts = "{} sampling rates x {} noise multipliers x {} steps x {} deltas".format(*eps.shape)
+    print(f"wrote {args.out} ({eps.size} rows: {counts})", file=out)
+  if args.heatmap is not None:
+    steps, delta = args.steps[t_index], args.deltas[d_index]
+    try:
+      _write_heatmap(args.heatmap, args.sampling_rates, args.noise_multipliers,
+                     eps[:, :, t_index, d_index], steps, delta)
+    except (OSError, ValueError) as err:
+      _fail(f"--heatmap cannot be written: {' '.join(str(err).split())}")
+    print(f"wrote {args.heatmap} (epsilon at steps = {int(steps)}, delta = {delta:g})", file=out)
+
+
 def _build_parser() -> argparse.ArgumentParser:
   parser = _Parser(prog=_PROG, description="Renyi-DP accounting for DP-SGD (jaxrdp).")
   parser.add_argument("--version", action="version", version=f"jaxrdp {jaxrdp.__version__}")
@@ -290,6 +484,27 @@ def _build_parser() -> argparse.ArgumentParser:
   add(p, "--delta", _number, "delta in (0, 1)")
   add(p, "--out", str, "output image file, e.g. eps.png")
   p.set_defaults(func=_cmd_plot)
+
+  p = sub.add_parser("sweep", help="epsilon over a grid of (q, sigma, steps, delta): table, heatmap",
+                     description="Epsilon of DP-SGD (Poisson sampling) for every combination of the "
+                     "grid values (jaxrdp.sweep, float64).", epilog=_SWEEP_VALUES,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+  add(p, "--sampling-rates", _grid_values, "sampling rates q in [0, 1]")
+  add(p, "--noise-multipliers", _grid_values, "noise multipliers sigma > 0")
+  add(p, "--steps", _grid_steps, "step counts T >= 1 (whole numbers)")
+  add(p, "--deltas", _grid_values, "deltas in (0, 1)")
+  p.add_argument("--out", default=None, help="table to write: FILE.csv, or FILE.parquet (pyarrow)")
+  p.add_argument("--heatmap", default=None, help="image to write: epsilon over q x sigma (FILE.png)")
+  p.add_argument("--heatmap-steps", type=_whole, default=None,
+                 help="steps value of the heatmap (default: the first of --steps)")
+  p.add_argument("--heatmap-delta", type=_number, default=None,
+                 help="delta of the heatmap (default: the first of --deltas)")
+  p.add_argument("--orders", type=_orders, default=None,
+                 help="comma-separated Renyi orders >= 1 (default: jaxrdp.DEFAULT_ORDERS)")
+  p.add_argument("--chunk-size", type=_whole, default=None,
+                 help="(q, sigma) pairs per compiled call (default: automatic)")
+  p.add_argument("--progress", action="store_true", help="show a progress bar (needs tqdm)")
+  p.set_defaults(func=_cmd_sweep)
   return parser
 
 

@@ -34,8 +34,12 @@ def compute_rdp(q: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
     Mironov, Talwar, Zhang (2019), arXiv:1908.10530, Sec. 3; Mironov (2017), arXiv:1702.07476,
     Prop. 1 (composition).
   """
+  # q and noise_multiplier are checked here too, before they are converted and broadcast.
+  _validation.check_range("q", q, lo=0.0, hi=1.0)
+  _validation.check_range("noise_multiplier", noise_multiplier, lo=0.0)
   _validation.check_range("steps", steps, lo=0.0)
   _validation.check_range("orders", orders, lo=1.0, allow_inf=True)
+  _validation.check_broadcast(q=q, noise_multiplier=noise_multiplier, steps=steps)
   orders = _validation.as_float_array(orders)
   if orders.ndim > 1:
     raise ValueError(f"orders must be a scalar or a 1-D array, got shape {orders.shape}.")

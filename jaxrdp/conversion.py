@@ -98,6 +98,7 @@ def compute_epsilon(orders: jax.typing.ArrayLike, rdp: jax.typing.ArrayLike,
   _check_method(method)
   orders, rdp = _check_curve(orders, rdp)
   _validation.check_range("delta", delta, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+  _validation.check_broadcast(**{"rdp.shape[:-1]": jax.ShapeDtypeStruct(rdp.shape[:-1], rdp.dtype), "delta": delta})
   delta = _validation.as_float_array(delta).astype(rdp.dtype)
   delta = delta[..., None]
   usable = ~jnp.isnan(orders) & ~jnp.isnan(rdp) & (orders >= 1)
@@ -143,6 +144,7 @@ def compute_delta(orders: jax.typing.ArrayLike, rdp: jax.typing.ArrayLike,
   _check_method(method)
   orders, rdp = _check_curve(orders, rdp)
   _validation.check_range("epsilon", epsilon, lo=0.0, allow_inf=True)
+  _validation.check_broadcast(**{"rdp.shape[:-1]": jax.ShapeDtypeStruct(rdp.shape[:-1], rdp.dtype), "epsilon": epsilon})
   eps = _validation.as_float_array(epsilon).astype(rdp.dtype)[..., None]
   usable = ~jnp.isnan(orders) & ~jnp.isnan(rdp) & (orders >= 1)
   finite_order = jnp.isfinite(orders) & (orders > 1)

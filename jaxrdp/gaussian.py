@@ -37,6 +37,7 @@ def rdp_gaussian(noise_multiplier: jax.typing.ArrayLike, orders: jax.typing.Arra
   """
   _validation.check_range("noise_multiplier", noise_multiplier, lo=0.0)
   _validation.check_range("orders", orders, lo=1.0, allow_inf=True)
+  _validation.check_broadcast(noise_multiplier=noise_multiplier, orders=orders)
   sigma = _validation.as_float_array(noise_multiplier)
   alpha = _validation.as_float_array(orders)
   return _rdp_gaussian(sigma, alpha)

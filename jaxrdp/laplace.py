@@ -60,6 +60,7 @@ def rdp_laplace(scale: jax.typing.ArrayLike, orders: jax.typing.ArrayLike) -> ja
   """
   _validation.check_range("scale", scale, lo=0.0)
   _validation.check_range("orders", orders, lo=1.0, allow_inf=True)
+  _validation.check_broadcast(scale=scale, orders=orders)
   b = _validation.as_float_array(scale)
   alpha = _validation.as_float_array(orders)
   return _rdp_laplace(b, alpha)

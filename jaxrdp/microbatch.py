@@ -153,6 +153,9 @@ def clipped_grad_sum(loss_fn: Callable[..., jax.Array], params, batch, l2_norm_c
   References:
     Abadi et al., CCS 2016, Alg. 1; microbatched clipping as in jax_privacy's ``clipped_grad``.
   """
+  if not callable(loss_fn):
+    raise TypeError(f"loss_fn must be a callable loss_fn(params, example), got "
+                    f"{type(loss_fn).__name__}.")
   _validation.check_range("l2_norm_clip", l2_norm_clip, lo=0.0)
   leaves, treedef = jax.tree.flatten(batch)
   size = batch_size_of(leaves, "batch")

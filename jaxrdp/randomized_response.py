@@ -58,6 +58,7 @@ def rdp_randomized_response(p: jax.typing.ArrayLike, orders: jax.typing.ArrayLik
   """
   _validation.check_range("p", p, lo=0.5, hi=1.0)
   _validation.check_range("orders", orders, lo=1.0, allow_inf=True)
+  _validation.check_broadcast(p=p, orders=orders)
   p = _validation.as_float_array(p)
   alpha = _validation.as_float_array(orders)
   return _rdp_randomized_response(p, alpha)

@@ -121,6 +121,7 @@ def rdp_relative_gaussian(alpha: jax.typing.ArrayLike, eta: jax.typing.ArrayLike
   _validation.check_range("eta", eta, lo=0.0, lo_open=True)
   _validation.check_range("gamma", gamma, lo=0.0, lo_open=True)
   _validation.check_range("dim", dim, lo=1.0)
+  _validation.check_broadcast(alpha=alpha, eta=eta, gamma=gamma, dim=dim)
   if _validation.is_concrete(dim):
     d = jnp.asarray(dim)
     if not bool(jnp.all(d == jnp.floor(d))):

@@ -149,6 +149,7 @@ def rdp_relative_gaussian_descent(alpha: jax.typing.ArrayLike, eta: jax.typing.A
     privacy", CSF 2017, arXiv:1702.07476, Prop. 1.
   """
   _validation.check_range("steps", steps, lo=0.0)
+  _validation.check_broadcast(alpha=alpha, eta=eta, gamma=gamma, dim=dim, steps=steps)
   rdp = rdp_relative_gaussian(alpha, eta, gamma, dim)
   t = _validation.as_float_array(steps).astype(rdp.dtype)
   out = jnp.where(t == 0, jnp.zeros_like(rdp), t * rdp)

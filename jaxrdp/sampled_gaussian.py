@@ -506,6 +506,7 @@ def log_a(q: jax.typing.ArrayLike, sigma: jax.typing.ArrayLike,
   _validation.check_range("q", q, lo=0.0, hi=1.0)
   _validation.check_range("sigma", sigma, lo=0.0)
   _validation.check_range("alpha", alpha, lo=1.0, allow_inf=True)
+  _validation.check_broadcast(q=q, sigma=sigma, alpha=alpha)
   return _sampled_gaussian_terms(q, sigma, alpha)[0]
 
 
@@ -523,6 +524,7 @@ def rdp_sampled_gaussian(q: jax.typing.ArrayLike, noise_multiplier: jax.typing.A
   _validation.check_range("q", q, lo=0.0, hi=1.0)
   _validation.check_range("noise_multiplier", noise_multiplier, lo=0.0)
   _validation.check_range("orders", orders, lo=1.0, allow_inf=True)
+  _validation.check_broadcast(q=q, noise_multiplier=noise_multiplier, orders=orders)
   return _sampled_gaussian_terms(q, noise_multiplier, orders)[1]
 
 

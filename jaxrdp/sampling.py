@@ -112,6 +112,7 @@ def poisson_sample(key: jax.Array, dataset_size: int, sampling_rate: jax.typing.
   if key is None or isinstance(key, (int, np.integer)):
     raise TypeError("key must be a PRNG key (jax.random.key(...)), split freshly for every "
                     f"batch; got {key!r}.")
+  _validation.canonical_key(key)  # a TypeError / ValueError naming the key for anything else
   n = _check_static_int("dataset_size", dataset_size, 1)
   m = _check_static_int("max_batch_size", max_batch_size, 1)
   if n >= 2 ** 31:
@@ -119,6 +120,11 @@ def poisson_sample(key: jax.Array, dataset_size: int, sampling_rate: jax.typing.
   _validation.check_range("sampling_rate", sampling_rate, lo=0.0, hi=1.0, lo_open=True)
   if jnp.ndim(sampling_rate) != 0:
     raise ValueError(f"sampling_rate must be a scalar, got shape {jnp.shape(sampling_rate)}.")
+  _validation.check_range("max_overflow_probability", max_overflow_probability, lo=0.0, hi=1.0)
+  if np.ndim(max_overflow_probability) != 0:
+    raise ValueError("max_overflow_probability must be a scalar, got shape "
+                     f"{np.shape(max_overflow_probability)}.")
+  max_overflow_probability = float(max_overflow_probability)
   if _validation.is_concrete(sampling_rate):
     p = poisson_overflow_probability(n, float(np.asarray(sampling_rate)), m)
     if p > max_overflow_probability:
@@ -180,7 +186,13 @@ def _logsumexp(x):
   return top + math.log(np.sum(np.exp(x - top)))
 
 
-@functools.lru_cache(maxsize=256)
+def _scalar_rate(sampling_rate, **limits) -> float:
+  _validation.check_range("sampling_rate", sampling_rate, lo=0.0, hi=1.0, **limits)
+  if np.ndim(sampling_rate) != 0:
+    raise ValueError(f"sampling_rate must be a scalar, got shape {np.shape(sampling_rate)}.")
+  return float(sampling_rate)
+
+
 def poisson_overflow_probability(dataset_size: int, sampling_rate: float, max_batch_size: int) -> float:
   r"""Upper bound on :math:`P[\mathrm{Binomial}(N, q) > M]`: a Poisson batch overflows M slots.
 
@@ -202,10 +214,14 @@ def poisson_overflow_probability(dataset_size: int, sampling_rate: float, max_ba
   References:
     Feller, "An Introduction to Probability Theory", Vol. 1, VI.3 (ratio of binomial terms).
   """
+  # Checked before the cache, which needs hashable arguments.
   n = _check_static_int("dataset_size", dataset_size, 0)
   m = _check_static_int("max_batch_size", max_batch_size, 0)
-  _validation.check_range("sampling_rate", sampling_rate, lo=0.0, hi=1.0)
-  q = float(sampling_rate)
+  return _overflow_probability(n, _scalar_rate(sampling_rate), m)
+
+
+@functools.lru_cache(maxsize=256)
+def _overflow_probability(n: int, q: float, m: int) -> float:
   if m >= n or q == 0.0:
     return 0.0
   if q == 1.0:
@@ -258,9 +274,8 @@ def poisson_max_batch_size(dataset_size: int, sampling_rate: float,
     M, an int in [0, N].
   """
   n = _check_static_int("dataset_size", dataset_size, 1)
-  _validation.check_range("sampling_rate", sampling_rate, lo=0.0, hi=1.0, lo_open=True)
+  q = _scalar_rate(sampling_rate, lo_open=True)
   _validation.check_range("overflow_probability", overflow_probability, lo=0.0, hi=1.0, hi_open=True)
-  q = float(sampling_rate)
   p = lambda m: poisson_overflow_probability(n, q, m)
   mean, sd = n * q, math.sqrt(n * q * (1 - q))
   hi = min(n, math.ceil(mean + 8 * sd + 16))
@@ -294,9 +309,10 @@ def poisson_truncation_delta(dataset_size: int, sampling_rate: float, max_batch_
   Returns:
     The extra δ, at most 1.
   """
+  n = _check_static_int("dataset_size", dataset_size, 0)
   _validation.check_range("steps", steps, lo=0.0)
   _validation.check_range("epsilon", epsilon, lo=0.0, allow_inf=True)
-  p = poisson_overflow_probability(int(dataset_size) + 1, sampling_rate, max_batch_size)
+  p = poisson_overflow_probability(n + 1, sampling_rate, max_batch_size)
   if p == 0.0 or steps == 0:
     return 0.0
   if not math.isfinite(epsilon) or epsilon > 700:

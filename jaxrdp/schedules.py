@@ -82,11 +82,13 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array],
 
   Method: projection by a common scale with implicit gradients (module docstring).
   """
+  if not callable(utility):
+    raise TypeError(f"utility must be a callable utility(noise_multiplier, sampling_rate), got "
+                    f"{type(utility).__name__}.")
   _validation.check_range("target_epsilon", target_epsilon, lo=0.0, lo_open=True)
   _check_schedule(sampling_rate, noise_multiplier, steps, delta)
   _validation.check_range("noise_multiplier", noise_multiplier, lo=0.0, lo_open=True)
-  if int(num_iterations) < 0:
-    raise ValueError(f"num_iterations must be >= 0, got {num_iterations}.")
+  num_iterations = _validation.check_int("num_iterations", num_iterations, lo=0)
   q, sigma0, t = _phases(sampling_rate, noise_multiplier, steps)
   if not bool(jnp.any((q > 0) & (t > 0))):
     raise ValueError("the schedule spends no privacy (every phase has sampling_rate = 0 or "

@@ -57,6 +57,9 @@ ScalarOrSchedule = Union[float, jax.typing.ArrayLike, Callable[[jax.Array], jax.
 # converted to float32 (2**24) and far from int32 overflow.
 _MAX_SEGMENT_STEPS = 2 ** 24
 
+# Per-step RDP of constant (q, σ) at given orders and dtype: computed once per process.
+_STEP_RDP_CACHE: dict = {}
+
 
 class DifferentiallyPrivateAggregateState(NamedTuple):
   """State of :func:`differentially_private_aggregate`: noise key and RDP accountant.
@@ -204,17 +207,26 @@ def differentially_private_aggregate(
   cache = {}
 
   def rdp_now(q, sigma):
-    """Per-step RDP of concrete (q, σ), computed now (eagerly), as a NumPy array."""
+    """Per-step RDP of concrete (q, σ), computed now (eagerly), as a NumPy array (cached, so
+    that transforms built inside traced functions do not recompute or recompile it)."""
     if dtype == jnp.result_type(float):
       # Python floats take the canonical dtype (and share the kernel's compilation with
       # compute_rdp calls on Python numbers).
       q, sigma = float(np.asarray(q)), float(np.asarray(sigma))
     else:
       q, sigma = np.asarray(q, dtype), np.asarray(sigma, dtype)
-    if _under_trace():
-      with jax.ensure_compile_time_eval():
-        return np.asarray(compute_rdp(q, sigma, 1, orders), dtype)
-    return np.asarray(compute_rdp(q, sigma, 1, orders), dtype)
+    cache_key = (float(q), float(sigma), orders.tobytes(), np.dtype(dtype).str)
+    if cache_key not in _STEP_RDP_CACHE:
+      if _under_trace():
+        with jax.ensure_compile_time_eval():
+          value = np.asarray(compute_rdp(q, sigma, 1, orders), dtype)
+      else:
+        value = np.asarray(compute_rdp(q, sigma, 1, orders), dtype)
+      if len(_STEP_RDP_CACHE) >= 1024:
+        _STEP_RDP_CACHE.clear()
+      value.setflags(write=False)
+      _STEP_RDP_CACHE[cache_key] = value
+    return _STEP_RDP_CACHE[cache_key]
 
   def fixed_step_rdp():
     """Per-step RDP of constant (q, σ), computed once, outside any step graph."""
@@ -357,6 +369,11 @@ def dpsgd(learning_rate: optax.ScalarOrSchedule, l2_norm_clip: ScalarOrSchedule,
   References:
     Abadi et al., CCS 2016 (DP-SGD); see :func:`differentially_private_aggregate`.
   """
+  # optax accepts anything here; a NaN would only show up as NaN parameters after a step.
+  if learning_rate is None or not callable(learning_rate):
+    _validation.check_range("learning_rate", learning_rate)
+  if momentum is not None:
+    _validation.check_range("momentum", momentum)
   return optax.chain(
       differentially_private_aggregate(
           l2_norm_clip, noise_multiplier, key, sampling_rate=sampling_rate,

@@ -114,6 +114,8 @@ def rdp_sampled_gaussian_without_replacement(
   _validation.check_range("sampling_rate", sampling_rate, lo=0.0, hi=1.0)
   _validation.check_range("noise_multiplier", noise_multiplier, lo=0.0)
   _validation.check_range("orders", orders, lo=1.0, allow_inf=True)
+  _validation.check_broadcast(sampling_rate=sampling_rate, noise_multiplier=noise_multiplier,
+                              orders=orders)
   n_max = _static_max_order(orders, max_order)
   q = _validation.as_float_array(sampling_rate)
   sigma = _validation.as_float_array(noise_multiplier)

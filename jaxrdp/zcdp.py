@@ -80,6 +80,7 @@ def rdp_zcdp(rho: jax.typing.ArrayLike, orders: jax.typing.ArrayLike,
   _validation.check_range("rho", rho, lo=0.0)
   _validation.check_range("orders", orders, lo=1.0, allow_inf=True)
   _validation.check_range("xi", xi, lo=0.0)
+  _validation.check_broadcast(rho=rho, orders=orders, xi=xi)
   rho, alpha, xi = _common_dtype(rho, orders, xi)
   finite = jnp.isfinite(alpha)
   out = xi + rho * jnp.where(finite, alpha, 1.0)
@@ -111,6 +112,7 @@ def rdp_tcdp(rho: jax.typing.ArrayLike, omega: jax.typing.ArrayLike,
   _validation.check_range("rho", rho, lo=0.0)
   _validation.check_range("omega", omega, lo=1.0, lo_open=True, allow_inf=True)
   _validation.check_range("orders", orders, lo=1.0, allow_inf=True)
+  _validation.check_broadcast(rho=rho, omega=omega, orders=orders)
   rho, omega, alpha = _common_dtype(rho, omega, orders)
   out = rho * jnp.where(jnp.isfinite(alpha), alpha, 1.0)
   out = jnp.where(alpha < omega, out, jnp.inf)
@@ -143,6 +145,7 @@ def zcdp_to_epsilon(rho: jax.typing.ArrayLike, delta: jax.typing.ArrayLike, *,
   _check_method(method)
   _validation.check_range("rho", rho, lo=0.0)
   _validation.check_range("delta", delta, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+  _validation.check_broadcast(rho=rho, delta=delta)
   rho, delta = _common_dtype(rho, delta)
   return _zcdp_to_epsilon(rho, delta, method)
 
@@ -164,6 +167,7 @@ def zcdp_to_delta(rho: jax.typing.ArrayLike, epsilon: jax.typing.ArrayLike) -> j
   """
   _validation.check_range("rho", rho, lo=0.0)
   _validation.check_range("epsilon", epsilon, lo=0.0, allow_inf=True)
+  _validation.check_broadcast(rho=rho, epsilon=epsilon)
   rho, eps = _common_dtype(rho, epsilon)
   return _zcdp_to_delta(rho, eps)
 

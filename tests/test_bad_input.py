@@ -1,0 +1,591 @@
+"""Bad input, table-driven, over every public name of ``jaxrdp`` and every CLI subcommand.
+
+Specification:
+
+* **Eager calls** with an invalid value (below or above the allowed range, NaN, ±inf where not
+  allowed, an empty array, an array with one bad entry, a non-broadcastable or wrongly shaped
+  array) raise ``ValueError``; with a value of the wrong type (complex, bool, string, None, a
+  float where an int fixes a shape) they raise ``TypeError``. Either way the message names the
+  argument. A function never returns a silent NaN for an eager call.
+* **Under ``jax.jit``** the values are tracers and cannot be inspected, so the eager checks do
+  not run: the numeric functions return NaN for invalid values (NaN propagation, never a
+  plausible number). Checks that depend only on shapes, dtypes and static arguments still raise
+  at trace time.
+* **The CLI** (``jaxrdp.cli.main``) exits with status 2 and prints one line,
+  ``jaxrdp: error: ...``, naming the flag; never a traceback.
+
+``TABLE`` must list every name of ``jaxrdp.__all__`` except the commented exclusions, so a new
+public function cannot be added without its bad-input cases (``test_table_covers_the_public_api``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jaxrdp
+from jaxrdp import cli
+
+NAN, INF = float("nan"), float("inf")
+
+
+@dataclasses.dataclass(frozen=True)
+class Bad:
+  """One invalid value for one argument, the exception it must raise, and an optional label."""
+  value: Any
+  error: type
+  label: str = ""
+  others: dict | None = None   # other arguments changed along with this one (shape clashes)
+
+
+def real(valid, *, lo=None, hi=None, lo_open=False, hi_open=False, inf_ok=False, nan_ok=False,
+         none_ok=False):
+  """The invalid values of a real argument with the allowed range [lo, hi] (ends open as asked).
+
+  ``valid`` is a valid value, used to build arrays with a single bad entry; ``none_ok`` for
+  optional arguments (None selects the default).
+  """
+  out = []
+  if lo is not None:
+    out.append(Bad(lo if lo_open else lo - 1.0, ValueError, "below range"))
+    if lo_open and lo != 0:
+      out.append(Bad(lo - 1.0, ValueError, "below range"))
+    if lo == 0 and not lo_open:
+      out.append(Bad(-1e-300, ValueError, "tiny negative"))
+    out.append(Bad(np.array([valid, lo - 1.0]), ValueError, "one bad entry"))
+  if hi is not None:
+    out.append(Bad(hi if hi_open else hi + 0.5, ValueError, "above range"))
+  if not nan_ok:
+    out.append(Bad(NAN, ValueError, "nan"))
+    out.append(Bad(np.array([valid, NAN]), ValueError, "one nan entry"))
+  if not inf_ok or hi is not None:
+    out.append(Bad(INF, ValueError, "inf"))
+  out.append(Bad(-INF, ValueError, "-inf"))
+  out += [Bad(0.5 + 0.5j, TypeError, "complex"), Bad(np.array([1 + 1j]), TypeError, "complex array"),
+          Bad(True, TypeError, "bool"), Bad(np.array([True]), TypeError, "bool array"),
+          Bad("0.5", TypeError, "string"), Bad(np.array([]), ValueError, "empty")]
+  if not none_ok:
+    out.append(Bad(None, TypeError, "None"))
+  return out
+
+
+def clash(value, **others):
+  """A shape that does not broadcast against the ``others`` (the message may name any of them)."""
+  return Bad(np.asarray(value), ValueError, "shapes do not broadcast", others)
+
+
+def static_int(lo, *, hi=None):
+  """Invalid values of an int that fixes a shape or a loop count."""
+  out = [Bad(lo - 1, ValueError, "below range"), Bad(2.5, TypeError, "float"),
+         Bad(NAN, TypeError, "nan"), Bad(True, TypeError, "bool"), Bad("3", TypeError, "string"),
+         Bad(None, TypeError, "None"), Bad(np.array([]), TypeError, "empty")]
+  if hi is not None:
+    out.append(Bad(hi + 1, ValueError, "above range"))
+  return out
+
+
+NOT_CALLABLE = [Bad(3.0, TypeError, "not callable"), Bad(None, TypeError, "None")]
+BAD_METHOD = [Bad("bogus", ValueError, "unknown method")]
+BAD_KEY = [Bad(None, TypeError, "None"), Bad("seed", TypeError, "string"),
+           Bad(1.5, TypeError, "float"), Bad(jnp.zeros((3,), jnp.uint32), ValueError, "wrong shape")]
+ORDERS_2D = Bad(np.full((2, 2), 2.0), ValueError, "2-D")
+
+
+@dataclasses.dataclass(frozen=True)
+class Api:
+  """A public function, a valid call (by keyword) and the invalid values of each argument."""
+  fn: Callable
+  valid: dict
+  bad: dict
+
+
+def _params():
+  return {"w": jnp.zeros((2,))}
+
+
+def _loss(params, example):
+  return jnp.sum(params["w"] * example)
+
+
+def _state():
+  tx = jaxrdp.differentially_private_aggregate(1.0, 1.0, 0, sampling_rate=0.01,
+                                               expected_batch_size=10.0, orders=[2.0, 8.0])
+  return tx.init(_params())
+
+
+SCHEDULE_2D = Bad(np.full((2, 2), 0.01), ValueError, "2-D schedule")
+MISMATCHED = Bad(np.array([0.01, 0.02, 0.03]), ValueError, "schedules of different lengths")
+
+TABLE = {
+    "calibrate_noise_multiplier": Api(
+        jaxrdp.calibrate_noise_multiplier,
+        dict(target_epsilon=2.0, delta=1e-5, sampling_rate=0.01, steps=1000, orders=[2.0, 8.0]),
+        dict(target_epsilon=real(2.0, lo=0, lo_open=True),
+             delta=real(1e-5, lo=0, hi=1, lo_open=True, hi_open=True),
+             sampling_rate=real(0.01, lo=0, hi=1) + [SCHEDULE_2D],
+             steps=real(1000, lo=0) + [clash([10, 20, 30], sampling_rate=[0.01, 0.02])],
+             orders=real(2.0, lo=1, inf_ok=True, none_ok=True) + [ORDERS_2D])),
+    "calibrate_sampling_rate": Api(
+        jaxrdp.calibrate_sampling_rate,
+        dict(target_epsilon=2.0, delta=1e-5, noise_multiplier=1.0, steps=1000, orders=[2.0, 8.0]),
+        dict(target_epsilon=real(2.0, lo=0, lo_open=True),
+             delta=real(1e-5, lo=0, hi=1, lo_open=True, hi_open=True),
+             noise_multiplier=real(1.0, lo=0) + [SCHEDULE_2D],
+             steps=real(1000, lo=0),
+             orders=real(2.0, lo=1, inf_ok=True, none_ok=True) + [ORDERS_2D])),
+    "calibrate_steps": Api(
+        jaxrdp.calibrate_steps,
+        dict(target_epsilon=2.0, delta=1e-5, sampling_rate=0.01, noise_multiplier=1.0,
+             max_steps=10 ** 6, orders=[2.0, 8.0]),
+        dict(target_epsilon=real(2.0, lo=0, lo_open=True),
+             delta=real(1e-5, lo=0, hi=1, lo_open=True, hi_open=True),
+             sampling_rate=real(0.01, lo=0, hi=1),
+             noise_multiplier=real(1.0, lo=0),
+             max_steps=static_int(1),
+             orders=real(2.0, lo=1, inf_ok=True, none_ok=True) + [ORDERS_2D])),
+    "clipped_grad_sum": Api(
+        jaxrdp.clipped_grad_sum,
+        dict(loss_fn=_loss, params=_params(), batch=jnp.ones((4, 2)), l2_norm_clip=1.0,
+             mask=jnp.ones((4,), bool), microbatch_size=2),
+        dict(loss_fn=NOT_CALLABLE,
+             batch=[Bad(jnp.ones(()), ValueError, "no batch axis"),
+                    Bad({"a": jnp.ones((4, 2)), "b": jnp.ones((3, 2))}, ValueError, "mismatched batch"),
+                    Bad({}, ValueError, "empty pytree")],
+             l2_norm_clip=[b for b in real(1.0, lo=0) if b.label != "one bad entry"],
+             mask=[Bad(jnp.ones((4,)), TypeError, "float mask"),
+                   Bad(jnp.ones((5,), bool), ValueError, "wrong length")],
+             microbatch_size=[Bad(0, ValueError, "zero"), Bad(-1, ValueError, "negative"),
+                              Bad(2.5, ValueError, "float"), Bad(True, ValueError, "bool")])),
+    "compute_delta": Api(
+        jaxrdp.compute_delta,
+        dict(orders=np.array([2.0, 8.0]), rdp=np.array([0.1, 0.5]), epsilon=1.0, method="improved"),
+        dict(orders=real(2.0, lo=1, inf_ok=True, nan_ok=True) + [ORDERS_2D],
+             rdp=[b for b in real(0.1, lo=0, inf_ok=True, nan_ok=True) if b.label != "one bad entry"]
+             + [Bad(np.array([0.1, 0.2, 0.3]), ValueError, "length differs from orders")],
+             epsilon=real(1.0, lo=0, inf_ok=True) + [clash([1.0, 2.0, 3.0], rdp=np.full((2, 2), 0.1))],
+             method=BAD_METHOD)),
+    "compute_epsilon": Api(
+        jaxrdp.compute_epsilon,
+        dict(orders=np.array([2.0, 8.0]), rdp=np.array([0.1, 0.5]), delta=1e-5, method="improved"),
+        dict(orders=real(2.0, lo=1, inf_ok=True, nan_ok=True) + [ORDERS_2D],
+             rdp=[b for b in real(0.1, lo=0, inf_ok=True, nan_ok=True) if b.label != "one bad entry"]
+             + [Bad(np.array([0.1, 0.2, 0.3]), ValueError, "length differs from orders")],
+             delta=real(1e-5, lo=0, hi=1, lo_open=True, hi_open=True)
+             + [clash([1e-5, 1e-6, 1e-7], rdp=np.full((2, 2), 0.1))],
+             method=BAD_METHOD)),
+    "compute_rdp": Api(
+        jaxrdp.compute_rdp,
+        dict(q=0.01, noise_multiplier=1.0, steps=100, orders=np.array([2.0, 8.0])),
+        dict(q=real(0.01, lo=0, hi=1) + [clash([0.1, 0.2, 0.3], noise_multiplier=[1.0, 2.0])],
+             noise_multiplier=real(1.0, lo=0) + [clash([1.0, 2.0], steps=[1, 2, 3])],
+             steps=real(100, lo=0),
+             orders=real(2.0, lo=1, inf_ok=True) + [ORDERS_2D])),
+    "differentially_private_aggregate": Api(
+        jaxrdp.differentially_private_aggregate,
+        dict(l2_norm_clip=1.0, noise_multiplier=1.0, key=0, sampling_rate=0.01,
+             expected_batch_size=10.0, orders=[2.0, 8.0]),
+        dict(l2_norm_clip=real(1.0, lo=0) + [Bad(np.ones((2,)), ValueError, "not a scalar")],
+             noise_multiplier=real(1.0, lo=0),
+             key=BAD_KEY,
+             sampling_rate=real(0.01, lo=0, hi=1, lo_open=True),
+             expected_batch_size=real(10.0, lo=0, lo_open=True),
+             orders=real(2.0, lo=1, inf_ok=True, none_ok=True) + [ORDERS_2D],
+             accountant_dtype=[Bad(jnp.int32, TypeError, "integer dtype")])),
+    "dpsgd": Api(
+        jaxrdp.dpsgd,
+        dict(learning_rate=0.1, l2_norm_clip=1.0, noise_multiplier=1.0, key=0, sampling_rate=0.01,
+             expected_batch_size=10.0, momentum=0.9, orders=[2.0, 8.0]),
+        dict(learning_rate=[Bad(NAN, ValueError, "nan"), Bad(INF, ValueError, "inf"),
+                            Bad(1j, TypeError, "complex"), Bad("0.1", TypeError, "string"),
+                            Bad(None, TypeError, "None")],
+             l2_norm_clip=real(1.0, lo=0),
+             noise_multiplier=real(1.0, lo=0),
+             key=BAD_KEY,
+             sampling_rate=real(0.01, lo=0, hi=1, lo_open=True),
+             expected_batch_size=real(10.0, lo=0, lo_open=True),
+             momentum=[Bad(NAN, ValueError, "nan"), Bad(INF, ValueError, "inf"),
+                       Bad(1j, TypeError, "complex"), Bad("0.9", TypeError, "string")],
+             orders=real(2.0, lo=1, inf_ok=True, none_ok=True))),
+    "dpsgd_epsilon": Api(
+        jaxrdp.dpsgd_epsilon,
+        dict(sampling_rate=0.01, noise_multiplier=1.0, steps=100, delta=1e-5, orders=[2.0, 8.0]),
+        dict(sampling_rate=real(0.01, lo=0, hi=1) + [SCHEDULE_2D],
+             noise_multiplier=real(1.0, lo=0) + [clash([1.0, 2.0], sampling_rate=[0.1, 0.2, 0.3])],
+             steps=real(100, lo=0) + [clash([1, 2, 3], noise_multiplier=[1.0, 2.0])],
+             delta=real(1e-5, lo=0, hi=1, lo_open=True, hi_open=True),
+             orders=real(2.0, lo=1, inf_ok=True, none_ok=True))),
+    "epsilon_trajectory": Api(
+        jaxrdp.epsilon_trajectory,
+        dict(sampling_rate=0.01, noise_multiplier=1.0, steps=100, delta=1e-5, at_steps=[10, 100],
+             orders=[2.0, 8.0]),
+        dict(sampling_rate=real(0.01, lo=0, hi=1),
+             noise_multiplier=real(1.0, lo=0),
+             steps=real(100, lo=0),
+             delta=real(1e-5, lo=0, hi=1, lo_open=True, hi_open=True),
+             at_steps=real(10, lo=0),
+             orders=real(2.0, lo=1, inf_ok=True, none_ok=True))),
+    "log_a": Api(
+        jaxrdp.log_a,
+        dict(q=0.01, sigma=1.0, alpha=2.0),
+        dict(q=real(0.01, lo=0, hi=1) + [clash([0.1, 0.2, 0.3], sigma=[1.0, 2.0])],
+             sigma=real(1.0, lo=0) + [clash([1.0, 2.0], alpha=[2.0, 3.0, 4.0])],
+             alpha=real(2.0, lo=1, inf_ok=True))),
+    "optimize_schedule": Api(
+        jaxrdp.optimize_schedule,
+        dict(utility=lambda s, q: jnp.sum(s ** 2), noise_multiplier=[1.0, 1.0],
+             sampling_rate=0.01, steps=[50, 50], target_epsilon=2.0, delta=1e-5,
+             num_iterations=2, orders=[2.0, 8.0]),
+        dict(utility=NOT_CALLABLE,
+             noise_multiplier=real(1.0, lo=0, lo_open=True),
+             sampling_rate=real(0.01, lo=0, hi=1) + [SCHEDULE_2D],
+             steps=real(50, lo=0),
+             target_epsilon=real(2.0, lo=0, lo_open=True),
+             delta=real(1e-5, lo=0, hi=1, lo_open=True, hi_open=True),
+             num_iterations=static_int(0),
+             orders=real(2.0, lo=1, inf_ok=True, none_ok=True))),
+    "poisson_max_batch_size": Api(
+        jaxrdp.poisson_max_batch_size,
+        dict(dataset_size=1000, sampling_rate=0.01, overflow_probability=1e-12),
+        dict(dataset_size=static_int(1),
+             sampling_rate=real(0.01, lo=0, hi=1, lo_open=True),
+             overflow_probability=real(1e-12, lo=0, hi=1, hi_open=True))),
+    "poisson_overflow_probability": Api(
+        jaxrdp.poisson_overflow_probability,
+        dict(dataset_size=1000, sampling_rate=0.01, max_batch_size=50),
+        dict(dataset_size=static_int(0),
+             sampling_rate=real(0.01, lo=0, hi=1),
+             max_batch_size=static_int(0))),
+    "poisson_sample": Api(
+        jaxrdp.poisson_sample,
+        dict(key=jax.random.key(0), dataset_size=1000, sampling_rate=0.01, max_batch_size=100,
+             max_overflow_probability=1e-12),
+        dict(key=[Bad(None, TypeError, "None"), Bad(3, TypeError, "int seed"),
+                  Bad("seed", TypeError, "string"), Bad(1.5, TypeError, "float")],
+             dataset_size=static_int(1),
+             sampling_rate=real(0.01, lo=0, hi=1, lo_open=True)
+             + [Bad(np.full((2,), 0.01), ValueError, "not a scalar")],
+             max_batch_size=static_int(1),
+             max_overflow_probability=real(1e-12, lo=0, hi=1))),
+    "poisson_truncation_delta": Api(
+        jaxrdp.poisson_truncation_delta,
+        dict(dataset_size=1000, sampling_rate=0.01, max_batch_size=50, steps=100, epsilon=1.0),
+        dict(dataset_size=static_int(0),
+             sampling_rate=real(0.01, lo=0, hi=1),
+             max_batch_size=static_int(0),
+             steps=real(100, lo=0),
+             epsilon=real(1.0, lo=0, inf_ok=True))),
+    "privacy_spent": Api(
+        jaxrdp.privacy_spent,
+        dict(opt_state=_state(), delta=1e-5, orders=[2.0]),
+        dict(opt_state=[Bad(optax.sgd(0.1).init(_params()), ValueError, "no accountant"),
+                        Bad(None, ValueError, "None")],
+             delta=real(1e-5, lo=0, hi=1, lo_open=True, hi_open=True),
+             orders=real(2.0, lo=1, inf_ok=True, none_ok=True)
+             + [Bad([3.0], ValueError, "not an accountant order")])),
+    "pure_dp_to_zcdp": Api(
+        jaxrdp.pure_dp_to_zcdp,
+        dict(epsilon=1.0),
+        dict(epsilon=real(1.0, lo=0, inf_ok=True))),
+    "rdp_gaussian": Api(
+        jaxrdp.rdp_gaussian,
+        dict(noise_multiplier=1.0, orders=2.0),
+        dict(noise_multiplier=real(1.0, lo=0) + [clash([1.0, 2.0, 3.0], orders=[2.0, 3.0])],
+             orders=real(2.0, lo=1, inf_ok=True))),
+    "rdp_laplace": Api(
+        jaxrdp.rdp_laplace,
+        dict(scale=1.0, orders=2.0),
+        dict(scale=real(1.0, lo=0) + [clash([1.0, 2.0], orders=[2.0, 3.0, 4.0])],
+             orders=real(2.0, lo=1, inf_ok=True))),
+    "rdp_randomized_response": Api(
+        jaxrdp.rdp_randomized_response,
+        dict(p=0.75, orders=2.0),
+        dict(p=real(0.75, lo=0.5, hi=1) + [clash([0.6, 0.7], orders=[2.0, 3.0, 4.0])],
+             orders=real(2.0, lo=1, inf_ok=True))),
+    "rdp_relative_gaussian": Api(
+        jaxrdp.rdp_relative_gaussian,
+        dict(alpha=2.0, eta=0.1, gamma=1.0, dim=10),
+        dict(alpha=real(2.0, lo=1, inf_ok=True),
+             eta=real(0.1, lo=0, lo_open=True),
+             gamma=real(1.0, lo=0, lo_open=True),
+             dim=real(10, lo=1) + [Bad(2.5, ValueError, "not an integer"),
+                                   clash([10, 20], alpha=[2.0, 3.0, 4.0])])),
+    "rdp_relative_gaussian_descent": Api(
+        jaxrdp.rdp_relative_gaussian_descent,
+        dict(alpha=2.0, eta=0.1, gamma=1.0, dim=10, steps=100),
+        dict(alpha=real(2.0, lo=1, inf_ok=True),
+             eta=real(0.1, lo=0, lo_open=True),
+             gamma=real(1.0, lo=0, lo_open=True),
+             dim=real(10, lo=1) + [Bad(2.5, ValueError, "not an integer")],
+             steps=real(100, lo=0) + [clash([1, 2], alpha=[2.0, 3.0, 4.0])])),
+    "rdp_sampled_gaussian": Api(
+        jaxrdp.rdp_sampled_gaussian,
+        dict(q=0.01, noise_multiplier=1.0, orders=2.0),
+        dict(q=real(0.01, lo=0, hi=1) + [clash([0.01, 0.02], orders=[2.0, 3.0, 4.0])],
+             noise_multiplier=real(1.0, lo=0),
+             orders=real(2.0, lo=1, inf_ok=True))),
+    "rdp_sampled_gaussian_closed_form": Api(
+        jaxrdp.rdp_sampled_gaussian_closed_form,
+        dict(sampling_rate=0.01, noise_multiplier=5.0, orders=2.0),
+        dict(sampling_rate=real(0.01, lo=0, hi=1) + [clash([0.01, 0.02], orders=[2.0, 3.0, 4.0])],
+             noise_multiplier=real(5.0, lo=0),
+             orders=real(2.0, lo=1, inf_ok=True))),
+    "rdp_sampled_gaussian_without_replacement": Api(
+        jaxrdp.rdp_sampled_gaussian_without_replacement,
+        dict(sampling_rate=0.01, noise_multiplier=1.0, orders=2.0, max_order=8),
+        dict(sampling_rate=real(0.01, lo=0, hi=1) + [clash([0.01, 0.02], orders=[2.0, 3.0, 4.0])],
+             noise_multiplier=real(1.0, lo=0),
+             orders=real(2.0, lo=1, inf_ok=True),
+             max_order=[b for b in static_int(2, hi=65536) if b.label != "None"])),
+    "rdp_spent": Api(
+        jaxrdp.rdp_spent,
+        dict(opt_state=_state()),
+        dict(opt_state=[Bad(optax.sgd(0.1).init(_params()), ValueError, "no accountant"),
+                        Bad((_state(), _state()), ValueError, "two accountants")])),
+    "rdp_tcdp": Api(
+        jaxrdp.rdp_tcdp,
+        dict(rho=0.1, omega=10.0, orders=2.0),
+        dict(rho=real(0.1, lo=0) + [clash([0.1, 0.2], omega=[5.0, 6.0, 7.0])],
+             omega=real(10.0, lo=1, lo_open=True, inf_ok=True),
+             orders=real(2.0, lo=1, inf_ok=True))),
+    "rdp_zcdp": Api(
+        jaxrdp.rdp_zcdp,
+        dict(rho=0.1, orders=2.0, xi=0.0),
+        dict(rho=real(0.1, lo=0) + [clash([0.1, 0.2], orders=[2.0, 3.0, 4.0])],
+             orders=real(2.0, lo=1, inf_ok=True), xi=real(0.0, lo=0))),
+    "relative_gaussian_noise": Api(
+        jaxrdp.relative_gaussian_noise,
+        dict(eta=0.1, gamma=1.0, sigma=1.0, key=0, r_rel=0.1),
+        dict(eta=real(0.1, lo=0, lo_open=True), gamma=real(1.0, lo=0, lo_open=True),
+             sigma=real(1.0, lo=0), key=BAD_KEY,
+             r_rel=[b for b in real(0.1, lo=0) if b.label != "None"]
+             + [Bad(1e3, ValueError, "sigma below gamma * r_rel / eta")])),
+    "zcdp_to_delta": Api(
+        jaxrdp.zcdp_to_delta,
+        dict(rho=0.1, epsilon=1.0),
+        dict(rho=real(0.1, lo=0) + [clash([0.1, 0.2], epsilon=[1.0, 2.0, 3.0])],
+             epsilon=real(1.0, lo=0, inf_ok=True))),
+    "zcdp_to_epsilon": Api(
+        jaxrdp.zcdp_to_epsilon,
+        dict(rho=0.1, delta=1e-5, method="tight"),
+        dict(rho=real(0.1, lo=0) + [clash([0.1, 0.2], delta=[1e-5, 1e-6, 1e-7])],
+             delta=real(1e-5, lo=0, hi=1, lo_open=True, hi_open=True),
+             method=BAD_METHOD)),
+}
+
+# Public names without a bad-input row, and why.
+EXCLUDED = {
+    # Being written now by other engineers; their modules carry their own bad-input tests.
+    "sweep", "sweep_noise_multiplier", "audit_statistics", "audit_transform", "AuditResult",
+    "clopper_pearson_upper", "epsilon_lower_bound",
+    # NamedTuple containers without behaviour; what they hold is validated where it is consumed
+    # (ClippedGradSum by differentially_private_aggregate, see test_clipped_grad_sum_is_checked_...).
+    "ClippedGradSum", "DifferentiallyPrivateAggregateState", "RelativeGaussianNoiseState",
+    "ScheduleResult",
+    # A constant (test_default_orders_are_read_only).
+    "DEFAULT_ORDERS",
+}
+
+
+def _cases():
+  for name, api in TABLE.items():
+    for arg, bads in api.bad.items():
+      for i, bad in enumerate(bads):
+        yield pytest.param(name, arg, bad, id=f"{name}-{arg}-{bad.label or i}-{i}")
+
+
+CASES = list(_cases())
+
+
+def _names(message, arg):
+  return re.search(rf"(?<![\w.]){re.escape(arg)}(?!\w)", message) is not None
+
+
+def test_table_covers_the_public_api():
+  public = set(jaxrdp.__all__)
+  missing = public - EXCLUDED - set(TABLE)
+  assert not missing, f"public names without bad-input cases: {sorted(missing)}"
+  assert set(TABLE) <= public
+
+
+def test_table_is_large():
+  assert len(CASES) >= 300
+
+
+@pytest.mark.parametrize("name,arg,bad", CASES)
+def test_eager_bad_input_raises_naming_the_argument(name, arg, bad):
+  api = TABLE[name]
+  kwargs = dict(api.valid, **(bad.others or {}), **{arg: bad.value})
+  with pytest.raises((ValueError, TypeError)) as info:
+    result = api.fn(**kwargs)
+    if isinstance(result, optax.GradientTransformation):  # what a transform defers to init
+      result.init(_params())
+  assert isinstance(info.value, bad.error), f"{type(info.value).__name__}: {info.value}"
+  assert _names(str(info.value), arg), str(info.value)
+
+
+def test_default_orders_are_read_only():
+  with pytest.raises(ValueError):
+    jaxrdp.DEFAULT_ORDERS[0] = 0.5
+
+
+def test_clipped_grad_sum_is_checked_where_it_is_consumed():
+  params = _params()
+  tx = jaxrdp.differentially_private_aggregate(1.0, 1.0, 0, sampling_rate=0.01,
+                                               expected_batch_size=10.0, orders=[2.0, 8.0])
+  state = tx.init(params)
+  for clip, error in ((-1.0, ValueError), (NAN, ValueError), (2.0, ValueError), (1j, TypeError)):
+    with pytest.raises(error, match="l2_norm_clip"):
+      tx.update(jaxrdp.ClippedGradSum(params, clip), state, params)
+
+
+# --- under jax.jit: NaN, never a plausible number -----------------------------------------------
+
+# (function, valid arguments, {argument: invalid values}). Each function is compiled once: the
+# arguments are arrays whose first rows hold one invalid value each and whose last row is valid.
+JIT_TABLE = [
+    (jaxrdp.log_a, dict(q=0.1, sigma=1.0, alpha=2.0),
+     dict(q=[-0.1, 1.5, NAN], sigma=[-1.0, NAN], alpha=[0.5, NAN])),
+    (jaxrdp.rdp_sampled_gaussian, dict(q=0.1, noise_multiplier=1.0, orders=2.0),
+     dict(q=[-0.1, 1.5, NAN], noise_multiplier=[-1.0, NAN], orders=[0.5, NAN])),
+    (jaxrdp.rdp_sampled_gaussian_closed_form, dict(sampling_rate=0.1, noise_multiplier=5.0, orders=2.0),
+     dict(sampling_rate=[-0.1, 1.5, NAN], noise_multiplier=[-1.0, NAN], orders=[0.5, NAN])),
+    (jaxrdp.rdp_gaussian, dict(noise_multiplier=1.0, orders=2.0),
+     dict(noise_multiplier=[-1.0, NAN], orders=[0.5, NAN])),
+    (jaxrdp.rdp_laplace, dict(scale=1.0, orders=2.0), dict(scale=[-1.0, NAN], orders=[0.5, NAN])),
+    (jaxrdp.rdp_randomized_response, dict(p=0.75, orders=2.0),
+     dict(p=[0.3, 1.5, NAN], orders=[0.5, NAN])),
+    (jaxrdp.rdp_zcdp, dict(rho=0.1, orders=2.0, xi=0.0),
+     dict(rho=[-1.0, NAN], orders=[0.5, NAN], xi=[-1.0, NAN])),
+    (jaxrdp.rdp_tcdp, dict(rho=0.1, omega=10.0, orders=2.0),
+     dict(rho=[-1.0, NAN], omega=[0.5, NAN], orders=[0.5, NAN])),
+    (jaxrdp.zcdp_to_epsilon, dict(rho=0.1, delta=1e-5), dict(rho=[-1.0, NAN], delta=[0.0, 1.5, NAN])),
+    (jaxrdp.zcdp_to_delta, dict(rho=0.1, epsilon=1.0), dict(rho=[-1.0, NAN], epsilon=[-1.0, NAN])),
+    (jaxrdp.pure_dp_to_zcdp, dict(epsilon=1.0), dict(epsilon=[-1.0, NAN])),
+    (jaxrdp.rdp_relative_gaussian, dict(alpha=2.0, eta=0.1, gamma=1.0, dim=10.0),
+     dict(alpha=[0.5, NAN], eta=[0.0, -1.0, NAN, INF], gamma=[0.0, NAN, INF], dim=[0.0, 2.5, NAN])),
+    (jaxrdp.rdp_relative_gaussian_descent, dict(alpha=2.0, eta=0.1, gamma=1.0, dim=10.0, steps=5.0),
+     dict(eta=[-1.0, NAN], steps=[-1.0, NAN])),
+    (lambda epsilon: jaxrdp.compute_delta(jnp.array([2.0, 8.0]), jnp.array([0.1, 0.5]), epsilon)[0],
+     dict(epsilon=1.0), dict(epsilon=[-1.0, NAN])),
+    (lambda delta: jaxrdp.compute_epsilon(jnp.array([2.0, 8.0]), jnp.array([0.1, 0.5]), delta)[0],
+     dict(delta=1e-5), dict(delta=[0.0, 1.0, -1.0, NAN])),
+]
+
+
+def _jit_rows(valid, bad):
+  """Arrays of equal length: row i has the i-th invalid value, the last row is valid."""
+  rows = [(arg, v) for arg, values in bad.items() for v in values] + [(None, None)]
+  return {arg: jnp.array([v if a == arg else valid[arg] for a, v in rows]) for arg in valid}, len(rows)
+
+
+@pytest.mark.parametrize("fn,valid,bad", JIT_TABLE, ids=lambda x: getattr(x, "__name__", None))
+def test_under_jit_invalid_values_give_nan(fn, valid, bad):
+  args, n = _jit_rows(valid, bad)
+  out = np.asarray(jax.jit(lambda a: fn(**a))(args))
+  assert out.shape == (n,)
+  assert np.all(np.isnan(out[:-1])), out
+  assert np.isfinite(out[-1])
+
+
+def test_under_jit_dpsgd_epsilon_never_returns_a_finite_number_for_invalid_values():
+  # The RDP kernel returns NaN for invalid (q, σ); compute_epsilon skips NaN orders (no
+  # information), so ε is +inf; an invalid δ gives NaN. Never a plausible finite ε.
+  eps = jax.jit(jaxrdp.dpsgd_epsilon)
+  valid = dict(sampling_rate=0.01, noise_multiplier=1.0, steps=100.0, delta=1e-5)
+  assert np.isfinite(float(eps(**valid)))
+  for arg, values in dict(sampling_rate=[-0.1, 1.5, NAN], noise_multiplier=[-1.0, NAN],
+                          steps=[-1.0, NAN], delta=[0.0, 1.5, NAN]).items():
+    for v in values:
+      out = float(eps(**dict(valid, **{arg: v})))
+      assert not np.isfinite(out), (arg, v, out)
+
+
+def test_shape_errors_still_raise_under_jit():
+  with pytest.raises(ValueError, match="sigma"):
+    jax.jit(jaxrdp.log_a)(jnp.full((3,), 0.1), jnp.ones((2,)), 2.0)
+  with pytest.raises(ValueError, match="orders"):
+    jax.jit(jaxrdp.compute_rdp)(0.1, 1.0, 10.0, jnp.full((2, 2), 2.0))
+
+
+# --- the CLI ------------------------------------------------------------------------------------
+
+CLI_VALID = {
+    "epsilon": {"--sampling-rate": "0.01", "--noise-multiplier": "1.1", "--steps": "100",
+                "--delta": "1e-5"},
+    "calibrate": {"--epsilon": "2", "--delta": "1e-5", "--sampling-rate": "0.01", "--steps": "100"},
+    "dpsgd": {"--dataset-size": "1000", "--batch-size": "10", "--epochs": "1",
+              "--noise-multiplier": "1.1", "--delta": "1e-5"},
+    "plot": {"--sampling-rate": "0.01", "--noise-multiplier": "1.1", "--steps": "100",
+             "--delta": "1e-5", "--out": "eps.png"},
+}
+NOT_A_NUMBER = ["abc", "", "1+1j", "True", "nan", "inf", "-inf", "1e400"]
+CLI_BAD = {
+    "--sampling-rate": NOT_A_NUMBER + ["-1", "-1e-300", "1.5"],
+    "--noise-multiplier": NOT_A_NUMBER + ["0", "-1"],
+    "--steps": ["abc", "", "2.5", "1e3", "0", "-5", "nan", "inf"],
+    "--delta": NOT_A_NUMBER + ["0", "1", "-1e-5", "1.5"],
+    "--epsilon": NOT_A_NUMBER + ["0", "-1"],
+    "--dataset-size": ["abc", "", "2.5", "0", "-1"],
+    "--batch-size": ["abc", "", "2.5", "0", "-1", "1001"],
+    "--epochs": NOT_A_NUMBER + ["0", "-1"],
+}
+CLI_EXTRA = [   # (argv, flag named in the message)
+    (["epsilon", "--orders", "2,0.5"], "--orders"), (["epsilon", "--orders", "2,nan"], "--orders"),
+    (["epsilon", "--orders", "abc"], "--orders"), (["epsilon", "--orders", ""], "--orders"),
+    (["epsilon", "--orders", "2,,3"], "--orders"),
+    (["plot", "--out", "/nonexistent-dir/eps.png"], "--out"),
+    (["calibrate", "--epsilon", "1e-6"], "--epsilon"),   # unreachable: the library's error, mapped
+]
+
+
+def _cli_cases():
+  for cmd, flags in CLI_VALID.items():
+    for flag in flags:
+      for value in CLI_BAD.get(flag, []):
+        argv = [cmd] + [x for f, v in flags.items() for x in (f, value if f == flag else v)]
+        yield pytest.param(argv, flag, id=f"{cmd}{flag}={value!r}")
+      missing = [cmd] + [x for f, v in flags.items() if f != flag for x in (f, v)]
+      yield pytest.param(missing, flag, id=f"{cmd}-missing{flag}")
+  for extra, flag in CLI_EXTRA:
+    cmd = extra[0]
+    changed = dict(zip(extra[1::2], extra[2::2]))
+    argv = [cmd] + [x for f, v in dict(CLI_VALID[cmd], **changed).items() for x in (f, v)]
+    yield pytest.param(argv, flag, id=f"{cmd}{flag}={extra[2]!r}")
+
+
+CLI_CASES = list(_cli_cases())
+
+
+@pytest.mark.parametrize("argv,flag", CLI_CASES)
+def test_cli_bad_input_exits_2_with_one_line_naming_the_flag(argv, flag, capsys):
+  with pytest.raises(SystemExit) as info:
+    cli.main(argv)
+  assert info.value.code == 2
+  err = capsys.readouterr().err
+  assert err.startswith("jaxrdp: error: ") and err.count("\n") == 1, err
+  assert flag in err and "Traceback" not in err, err
+
+
+def test_cli_table_covers_every_subcommand_and_flag():
+  parser = cli._build_parser()
+  commands = parser._subparsers._group_actions[0].choices
+  covered = {argv[0] for argv, _ in (p.values for p in CLI_CASES)}
+  assert set(CLI_VALID) <= set(commands)
+  assert set(commands) - covered <= {"sweep"}   # being written now, with its own tests
+  for cmd in CLI_VALID:
+    flags = {o for a in commands[cmd]._actions for o in a.option_strings if o.startswith("--")}
+    assert flags - {"--help", "--json"} == set(CLI_VALID[cmd]) | ({"--orders"} if cmd == "epsilon" else set())
+
+
+def test_counts():
+  # Figures for docs/trust.md.
+  print(f"{len(CASES)} eager cases, {sum(len(v) for *_, b in JIT_TABLE for v in b.values())} jit "
+        f"values, {len(CLI_CASES)} CLI cases")
