@@ -13,7 +13,8 @@ Run (from the repository root; a fresh process, so the first call includes compi
     PYTHONPATH=. python benchmarks/bench_sweep.py --host-devices 2   # CPU: split over 2 host devices
 
 Reports: the first call's wall time (compilation included, timed from just before the call;
-the process's time since start is printed too), a second (warm) call, peak resident memory
+the process's time since start is printed too), a second (warm) call (wall and CPU time: on a
+shared machine the CPU time shows what other processes took away), peak resident memory
 (getrusage), configurations per second and log-A evaluations per second (warm), and a check
 that a random sample of cells equals ``dpsgd_epsilon(..., refine_order=False)`` (bitwise
 count and the largest difference in ulps; see tests/test_sweep.py for why not all bitwise).
@@ -79,18 +80,19 @@ def main():
         f"({len(jaxrdp.DEFAULT_ORDERS)} orders per (q, sigma) pair)")
   kwargs = dict(chunk_size=ARGS.chunk_size, progress=ARGS.progress)
 
-  start = time.perf_counter()
+  start, cpu = time.perf_counter(), time.process_time()
   eps = np.asarray(sweep(q, sigma, steps, deltas, **kwargs))
-  first = time.perf_counter() - start
+  first, first_cpu = time.perf_counter() - start, time.process_time() - cpu
   since_start = time.perf_counter() - _START
-  print(f"first call (incl. compilation): {first:.2f} s  [process wall since start: "
-        f"{since_start:.2f} s], peak RSS {peak_gib():.2f} GiB")
+  print(f"first call (incl. compilation): {first:.2f} s wall, {first_cpu:.2f} s CPU  [process "
+        f"wall since start: {since_start:.2f} s], peak RSS {peak_gib():.2f} GiB")
 
-  start = time.perf_counter()
+  start, cpu = time.perf_counter(), time.process_time()
   warm_eps = np.asarray(sweep(q, sigma, steps, deltas, **kwargs))
-  warm = time.perf_counter() - start
-  print(f"warm call: {warm:.2f} s = {n_configs / warm:,.0f} configurations/s, "
-        f"{n_log_a / warm:,.0f} log-A evaluations/s; peak RSS {peak_gib():.2f} GiB")
+  warm, warm_cpu = time.perf_counter() - start, time.process_time() - cpu
+  print(f"warm call: {warm:.2f} s wall ({warm_cpu:.2f} s CPU) = {n_configs / warm:,.0f} "
+        f"configurations/s, {n_log_a / warm:,.0f} log-A evaluations/s; "
+        f"peak RSS {peak_gib():.2f} GiB")
   assert np.array_equal(eps, warm_eps, equal_nan=True)
   print(f"non-finite cells: {int(np.sum(~np.isfinite(eps)))}; "
         f"epsilon range [{np.nanmin(eps):.4g}, {np.nanmax(eps):.4g}]")

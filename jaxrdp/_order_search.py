@@ -102,13 +102,18 @@ def grid_epsilon(composed_rdp, grid, delta, *, return_evaluations=False):
   def candidates(state):
     r, known, best, _, step = state
     bound = lower_bound(r, known)
-    return ~known & ((step == 0) | (bound <= best) | jnp.isinf(a)), bound
+    # Strictly below the best: when everything is +inf (σ = 0) nothing is left to try.
+    return ~known & ((step == 0) | (bound < best) | jnp.isinf(a)), bound
 
   def body(state):
     r, known, best, best_alpha, step = state
     cand, bound = candidates(state)
     key = jnp.where(step == 0, rank.astype(dtype), bound)
-    key = jnp.where(cand, key, jnp.inf)
+    # Candidates get finite keys, the rest +inf: every step evaluates at least one candidate,
+    # so the loop ends after at most K / _BATCH + 1 steps.
+    big = jnp.finfo(dtype).max
+    key = jnp.where(cand, jnp.clip(jnp.where(jnp.isnan(key) | jnp.isinf(a), -big, key), -big, big),
+                    jnp.inf)
     _, pick = lax.top_k(-key, _BATCH)
     r_new = composed_rdp(a[pick])
     eps_new = _epsilon_per_order(a[pick], r_new, delta)

@@ -72,7 +72,7 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
           steps: jax.typing.ArrayLike, deltas: jax.typing.ArrayLike, *,
           orders: jax.typing.ArrayLike | None = None, chunk_size: int | None = None,
           progress: bool = False, devices: Sequence[jax.Device] | None = None) -> jax.Array:
-  r"""ε of DP-SGD with Poisson sampling over the grid sampling_rates × noise_multipliers × steps × deltas.
+  r"""ε of DP-SGD with Poisson sampling over the grid q × σ × steps × δ (all combinations).
 
   .. math:: \varepsilon[i, j, k, l] = \min_\alpha \mathrm{conv}_{\delta_l}\big(\alpha,\;
             T_k\,\varepsilon_{q_i,\sigma_j}(\alpha)\big)
@@ -179,9 +179,9 @@ def sweep_noise_multiplier(target_epsilons: jax.typing.ArrayLike,
 
   Returns:
     σ of shape (E, Q, T, D), in the floating dtype of ``sampling_rates`` and ``steps``. NaN
-    where no σ in [1e-4, 1e8] meets the target (where
-    :func:`jaxrdp.calibrate_noise_multiplier` raises ``ValueError``): e.g. a target below what
-    σ = 1e8 gives, which happens only for very small targets and δ.
+    where no σ in [1e-4, 1e8] meets the target, i.e. where
+    :func:`jaxrdp.calibrate_noise_multiplier` raises ``ValueError`` (ε at σ = 1e8 is still
+    above the target: only for extreme step counts, e.g. 1e16 steps at q = 1).
   """
   eps = _grid_axis("target_epsilons", target_epsilons, lo=0.0, lo_open=True)
   q = _grid_axis("sampling_rates", sampling_rates, lo=0.0, hi=1.0)
@@ -232,9 +232,12 @@ def _in_blocks(fn, block, *arrays):
 
 
 def _sharded(local, mesh, n_sharded, n_replicated):
+  """``local`` on every device of the mesh: the first n_sharded arguments split along their
+  leading axis, the others replicated; no communication."""
   spec, rep = PartitionSpec(_AXIS), PartitionSpec()
-  return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(spec,) * n_sharded + (rep,) * n_replicated,
-                               out_specs=spec, check_vma=False))
+  in_specs = (spec,) * n_sharded + (rep,) * n_replicated
+  return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=spec,
+                               check_vma=False))
 
 
 @functools.lru_cache(maxsize=None)
@@ -248,12 +251,13 @@ def _per_step_rdp_fn(mesh, block):
 
 @functools.lru_cache(maxsize=None)
 def _epsilon_fn(mesh, block):
-  """Per-step RDP (pairs, K), T and δ of shape (combo blocks, _COMBO_BLOCK) -> ε (pairs, combos)."""
+  """Per-step RDP (pairs, K), T and δ of shape (combo blocks, _COMBO_BLOCK) -> ε of shape
+  (pairs, combos)."""
   def local(rdp, combo_t, combo_d, grid):
     def one_block(rdp):
       def one_combo_block(t, d):
         return compute_epsilon(grid, _compose(rdp[:, None, :], t[None, :, None]), d[None, :])[0]
-      eps = lax.map(lambda td: one_combo_block(*td), (combo_t, combo_d))   # (blocks, pairs, block)
+      eps = lax.map(lambda td: one_combo_block(*td), (combo_t, combo_d))  # (blocks, pairs, 8)
       return jnp.moveaxis(eps, 0, 1).reshape(rdp.shape[0], -1)
     return _in_blocks(one_block, block, rdp)
   return _sharded(local, mesh, 1, 3)
@@ -329,7 +333,8 @@ def _progress_bar(progress):
   try:
     from tqdm.auto import tqdm
   except ImportError:
-    raise ImportError("progress=True needs tqdm: pip install tqdm (or pass progress=False).") from None
+    raise ImportError("progress=True needs tqdm: pip install tqdm (or pass progress=False)."
+                      ) from None
   return tqdm
 
 

@@ -142,7 +142,7 @@ def test_epsilon_delta_round_trip(q, sigma, steps, log10_delta):
 
 def test_float32_epsilon_is_never_below_float64():
   # Rounding must not lower epsilon: float32 results sit above the float64 ones (by at most
-  # the float32 safety margin on the RDP, 2.5e-4, plus its error).
+  # the float32 safety margin on the RDP, 5e-4, plus its error).
   rng = np.random.default_rng(5)
   n = 200
   q = (10 ** rng.uniform(-5, 0, n)).astype(np.float32)
@@ -157,4 +157,4 @@ def test_float32_epsilon_is_never_below_float64():
   finite = np.isfinite(eps64) & (eps64 > 0)
   assert finite.sum() > 150
   assert np.all(eps32[finite] >= eps64[finite])
-  assert np.all(eps32[finite] <= eps64[finite] * (1 + 5e-4))
+  assert np.all(eps32[finite] <= eps64[finite] * (1 + 1e-3))

@@ -44,3 +44,9 @@ def test_an_infinite_order_is_handled_like_the_full_grid():
   eps_full, order_full = jaxrdp.compute_epsilon(grid, _schedule_rdp(q, s, t, grid), d)
   assert float(eps) == pytest.approx(float(eps_full), rel=4e-15)
   assert float(order) == float(order_full)
+
+
+def test_no_noise_gives_infinite_epsilon_and_terminates():
+  # σ = 0: the RDP is +inf at every order; the search must stop (a regression: it looped).
+  assert float(jaxrdp.dpsgd_epsilon(0.001, 0.0, 10, 1e-5, refine_order=False)) == np.inf
+  assert float(jaxrdp.dpsgd_epsilon(0.001, 0.0, 10, 1e-5)) == np.inf

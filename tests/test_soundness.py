@@ -22,8 +22,8 @@ Lower bounds, each certified (a valid bound on the true ε whatever its tightnes
   bisection and rounded down; any RDP-based ε must be above it.
 * ``_prv_lower_bound`` (slow subset, if ``prv_accountant`` is installed): Microsoft's PRV
   accountant's ``eps_lower`` (Gopi, Lee, Wutschitz 2021, certified error bounds), with an ε error
-  of 1 % of jaxrdp's ε; configurations where it fails (it cannot handle every corner of the box)
-  are counted and fall back to the sum test.
+  of 1 % of jaxrdp's ε, where jaxrdp's ε ≤ 50 (``PRV_MAX_EPSILON``: above, its bound was found
+  invalid); configurations where it fails are counted and fall back to the sum test.
 
 The default suite checks 40 + 8 (q = 1) configurations; ``python -m pytest -m slow`` runs 300 +
 30 with the PRV bound and prints the figures quoted in docs/trust.md.
@@ -48,6 +48,12 @@ DP_ORDERS = np.array([1 + x / 10.0 for x in range(1, 100)] + list(range(11, 64))
 # jaxrdp.DEFAULT_ORDERS, so both grids share one compilation of dpsgd_epsilon.
 DP_ORDERS_PADDED = np.concatenate([DP_ORDERS, np.full(len(jaxrdp.DEFAULT_ORDERS) - len(DP_ORDERS), 1024.0)])
 MARGIN = 1e-6   # relative rounding margin taken off every lower bound
+# The PRV accountant's eps_lower is used only below this ε. Above it (ε ≈ 100-240, ε error 1 %)
+# it returned values ABOVE jaxrdp's RDP ε, which is a proven upper bound there (e.g. q = 0.1418,
+# σ = 1.6666, T = 11537, δ = 2.74e-6: prv eps_lower 98.33 > 96.79 = the improved conversion at
+# α = 1.5 of log A_1.5 = 0.0031673822681975, which 30-digit mpmath quadrature reproduces): its
+# discretisation's error bounds do not hold on such wide domains.
+PRV_MAX_EPSILON = 50.0
 
 
 def _configs(n, seed, q_one=False):
@@ -154,16 +160,17 @@ def _prv_lower_bound(q, sigma, steps, delta, eps_scale, seconds=60):
 
 def _check(configs, use_prv):
   """Check every configuration; returns the figures (and fails on the first violation)."""
-  ratios_low, ratios_dp, prv_used, failures = [], [], 0, []
+  ratios_low, ratios_dp, ratios_prv, prv_used, failures = [], [], [], 0, []
   for q, sigma, steps, delta in configs:
     on_theirs, default = _jaxrdp_epsilons(q, sigma, steps, delta)
     theirs = _dp_accounting_epsilon(q, sigma, steps, delta)
     lower = _gaussian_epsilon(sigma, steps, delta) if q == 1 else _sum_test_lower_bound(q, sigma, steps, delta)
-    if use_prv and q < 1:
+    if use_prv and q < 1 and default <= PRV_MAX_EPSILON:
       prv = _prv_lower_bound(q, sigma, steps, delta, default)
       if prv is not None:
         prv_used += 1
         lower = max(lower, prv)
+        ratios_prv.append(min(on_theirs, default) / prv if prv > 0 else math.inf)
     ours = min(on_theirs, default)
     where = f"q={q!r}, sigma={sigma!r}, steps={steps}, delta={delta!r}"
     if not ours >= lower:
@@ -177,6 +184,8 @@ def _check(configs, use_prv):
       ratios_dp.append(max(on_theirs, default) / theirs)
   assert not failures, "\n".join(failures)
   return dict(configurations=len(configs), prv_used=prv_used,
+              min_ratio_to_prv=min(ratios_prv, default=math.nan),
+              median_ratio_to_prv=float(np.median(ratios_prv)) if ratios_prv else math.nan,
               min_ratio_to_lower_bound=min(ratios_low), median_ratio_to_lower_bound=float(np.median(ratios_low)),
               max_ratio_to_dp_accounting=max(ratios_dp), median_ratio_to_dp_accounting=float(np.median(ratios_dp)))
 
@@ -218,5 +227,5 @@ def test_many_random_configurations_are_sound_against_the_prv_accountant():
   pytest.importorskip("prv_accountant")
   figures = _check(_configs(300, SEED + 2) + _configs(30, SEED + 3, q_one=True), use_prv=True)
   print(figures)
-  assert figures["prv_used"] >= 200   # the PRV accountant handled most of the box
+  assert figures["prv_used"] >= 150   # the PRV accountant handled most of the box
   assert figures["min_ratio_to_lower_bound"] >= 1.0
