@@ -15,15 +15,13 @@ released update's noise std would be √8 times larger and the trials would diff
 """
 
 import json
-import os
 import pathlib
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from fake_devices import run_on_fake_devices
+
 
 SCRIPT = textwrap.dedent("""
     import json
@@ -78,19 +76,7 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def result(request, tmp_path_factory):
-  env = dict(os.environ)
-  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
-  env["JAX_PLATFORMS"] = "cpu"
-  # The persistent compilation cache (results are identical) keeps the RDP kernel's
-  # compilation, slow with 8 host devices, for later runs (shared with test_sharding.py).
-  cache = getattr(request.config, "cache", None)
-  cache_dir = cache.mkdir("jaxrdp_jax_cache") if cache is not None else tmp_path_factory.mktemp("jax_cache")
-  env.setdefault("JAX_COMPILATION_CACHE_DIR", str(cache_dir))
-  env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
-  env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-  env.pop("JAX_ENABLE_X64", None)
-  out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=ROOT, capture_output=True,
-                       text=True, timeout=600)
+  out = run_on_fake_devices(SCRIPT, request, tmp_path_factory)
   assert out.returncode == 0, out.stdout + out.stderr
   line = next(l for l in out.stdout.splitlines() if l.startswith("RESULT "))
   return json.loads(line[len("RESULT "):])

@@ -542,7 +542,6 @@ CLI_EXTRA = [   # (argv, flag named in the message)
     (["epsilon", "--orders", "abc"], "--orders"), (["epsilon", "--orders", ""], "--orders"),
     (["epsilon", "--orders", "2,,3"], "--orders"),
     (["plot", "--out", "/nonexistent-dir/eps.png"], "--out"),
-    (["calibrate", "--epsilon", "1e-6"], "--epsilon"),   # unreachable: the library's error, mapped
 ]
 
 

@@ -97,7 +97,9 @@ def test_classic_conversion_is_mironov_prop3_and_looser():
   rdp = jaxrdp.compute_rdp(0.01, 1.1, 10_000, orders)
   eps_c, order_c = jaxrdp.compute_epsilon(orders, rdp, 1e-5, method="classic")
   i = int(np.argmin(np.asarray(rdp) + np.log(1e5) / (DP_ORDERS - 1)))
-  assert float(eps_c) == pytest.approx(float(rdp[i]) + np.log(1e5) / (DP_ORDERS[i] - 1), rel=1e-14)
+  # Equal up to the conversion's upward rounding: RDP raised by 4096 ulps, output by 8 ulps.
+  exact = float(rdp[i]) + np.log(1e5) / (DP_ORDERS[i] - 1)
+  assert exact <= float(eps_c) <= exact * (1 + 1e-12)
   assert float(eps_c) > float(jaxrdp.compute_epsilon(orders, rdp, 1e-5)[0])
   d_c, _ = jaxrdp.compute_delta(orders, rdp, float(eps_c), method="classic")
   assert float(d_c) == pytest.approx(1e-5, rel=1e-9)

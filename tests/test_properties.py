@@ -6,8 +6,8 @@ fixed padded shape, so the kernels compile once per dtype (not once per example)
 makes every run draw the same examples.
 
 Tolerances (relative): the sampled-Gaussian kernel certifies log A to 32 ulps, so monotonicity
-and additivity are checked to 1e-12; float32 log A is within 2.5e-4 of float64 (the margin that
-``compute_epsilon`` adds to float32 RDP, conversion.py) and ~1e-5 typically; conversions are
+and additivity are checked to 1e-12; float32 log A is within the margin that ``compute_epsilon``
+adds to float32 RDP (``conversion._RDP_REL_ERROR_FLOAT32``) of float64, and ~1e-5 typically; conversions are
 checked against 40-digit mpmath values of the same formulas and must never be on the unsafe
 side (ε and δ at least the exact conversion of the same curve).
 """
@@ -23,6 +23,7 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 
 import jaxrdp
+from jaxrdp import conversion
 
 ROWS, K = 64, 8          # the one kernel shape: (ROWS, 1) x (K,)
 HALF = ROWS // 2         # pairs of points share one call: first half and second half
@@ -140,7 +141,7 @@ def test_float32_rdp_is_within_the_conversion_margin_and_epsilon_never_below_flo
   r64 = _kernel(p[:, 0], p[:, 1], orders)
   normal = np.isfinite(r64) & (r64 > 1e-30)   # float32 keeps relative precision there
   rel = np.abs(r32[normal] - r64[normal]) / r64[normal]
-  assert rel.max() <= 2.5e-4                    # conversion.py's float32 margin
+  assert rel.max() <= conversion._RDP_REL_ERROR_FLOAT32   # the margin compute_epsilon adds
   assert np.median(rel) <= 1e-5                  # README "Measured": ~1e-5 typical
   steps = 1000.0
   delta = p[:, 2]
@@ -148,7 +149,7 @@ def test_float32_rdp_is_within_the_conversion_margin_and_epsilon_never_below_flo
                                     jnp.asarray(delta, jnp.float32))
   eps64, _ = jaxrdp.compute_epsilon(orders, r64 * steps, delta)
   eps32, eps64 = np.asarray(eps32, np.float64), np.asarray(eps64)
-  # float32 RDP is raised by 2.5e-4 before converting: its ε is never below float64's.
+  # float32 RDP is raised by its margin before converting: its ε is never below float64's.
   assert np.all(eps32 >= eps64)
   assert np.all(eps32 <= eps64 * (1 + 1e-3))
 

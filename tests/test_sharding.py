@@ -12,18 +12,15 @@ XLA_FLAGS must be set before JAX initialises, so the checks run in one subproces
 """
 
 import json
-import os
 import pathlib
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
 import pytest
 
 import jaxrdp
+from fake_devices import run_on_fake_devices
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 SCRIPT = textwrap.dedent("""
     import numpy as np
@@ -124,19 +121,7 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def subprocess_output(request, tmp_path_factory):
-  env = dict(os.environ)
-  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
-  env["JAX_PLATFORMS"] = "cpu"
-  # JAX's persistent compilation cache (results are identical): the RDP kernel's compilation,
-  # slow with 8 host devices, is reused by later runs of this test.
-  cache = getattr(request.config, "cache", None)
-  cache_dir = cache.mkdir("jaxrdp_jax_cache") if cache is not None else tmp_path_factory.mktemp("jax_cache")
-  env.setdefault("JAX_COMPILATION_CACHE_DIR", str(cache_dir))
-  env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
-  env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-  env.pop("JAX_ENABLE_X64", None)
-  result = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
+  result = run_on_fake_devices(SCRIPT, request, tmp_path_factory)
   return result
 
 
