@@ -10,8 +10,12 @@ The RDP curve at dp_accounting's 156 default orders
   (q, sigma of shape (N,), result (N, 156)); float64 by default (this script enables
   ``jax_enable_x64``; the library itself never does). Reported: the first call
   (trace + compile + one run) separately, then the median over ``--repeats`` warm calls.
+* the same curve written for one pair and batched with ``jax.jit(jax.vmap(...))`` (it must run
+  the same flattened kernel: the script checks that both results are identical);
 * dp_accounting 0.6: ``_compute_rdp_poisson_subsampled_gaussian(q, sigma, orders)`` in a
-  Python loop over the first ``--subset`` pairs, in the same process (median over repeats).
+  Python loop over the first ``--subset`` pairs, in the same process (median over repeats);
+* dp_accelerator (if installed): ``_core.compute_epsilon_batch(q, sigma, [1], orders, 1e-5)``
+  per pair on the first max(``--subset``, 200) pairs.
 
 Both are reported in µs per pair, together with the ratio dp_accounting / jaxrdp.
 
@@ -104,10 +108,14 @@ def make_pairs(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
   return q, sigma
 
 
-def time_jaxrdp(q: np.ndarray, sigma: np.ndarray, dtype, repeats: int):
-  """Return (result as float64 numpy, first-call seconds, list of warm seconds)."""
+def time_jaxrdp(q: np.ndarray, sigma: np.ndarray, dtype, repeats: int, vmap: bool = False):
+  """Return (result as float64 numpy, first-call seconds, list of warm seconds). With
+  ``vmap``, the curve of one pair is written for scalars and batched by jax.jit(jax.vmap(.))."""
   orders = jnp.asarray(ORDERS, dtype=dtype)
-  fn = jax.jit(lambda q_, s_: jaxrdp.compute_rdp(q_, s_, 1, orders))
+  if vmap:
+    fn = jax.jit(jax.vmap(lambda q_, s_: jaxrdp.compute_rdp(q_, s_, 1, orders)))
+  else:
+    fn = jax.jit(lambda q_, s_: jaxrdp.compute_rdp(q_, s_, 1, orders))
   q_dev = jax.device_put(jnp.asarray(q, dtype=dtype))
   s_dev = jax.device_put(jnp.asarray(sigma, dtype=dtype))
 
@@ -135,6 +143,24 @@ def time_dp_accounting(q: np.ndarray, sigma: np.ndarray, repeats: int):
            for qi, si in zip(q, sigma)]
     times.append(time.perf_counter() - t0)
   return np.asarray(out, dtype=np.float64).reshape(len(q), len(ORDERS)), times
+
+
+def time_dp_accelerator(q: np.ndarray, sigma: np.ndarray, repeats: int):
+  """dp_accelerator (Rust port of dp_accounting's RDP): seconds per loop over the pairs, or None
+  if it is not installed. ``_core.compute_epsilon_batch(q, sigma, [T], orders, delta)``
+  computes the 156-order curve and its ε, per pair."""
+  try:
+    from dp_accelerator import _core
+  except ImportError:
+    return None
+  orders = [float(o) for o in ORDERS]
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    for qi, si in zip(q, sigma):
+      _core.compute_epsilon_batch(float(qi), float(si), [1], orders, 1e-5)
+    times.append(time.perf_counter() - t0)
+  return times
 
 
 def max_rel_diff(a: np.ndarray, b: np.ndarray) -> tuple[float, int]:
@@ -176,6 +202,13 @@ def main(argv=None) -> None:
   jax_med = statistics.median(warm)
   jax_us = jax_med / args.pairs * 1e6
 
+  rdp_vmap, first_vmap, warm_vmap = time_jaxrdp(q, sigma, dtype, args.repeats, vmap=True)
+  vmap_us = statistics.median(warm_vmap) / args.pairs * 1e6
+  vmap_equal = bool(np.array_equal(rdp_vmap, rdp_jax))
+  dpx_times = time_dp_accelerator(q[:max(args.subset, 200)], sigma[:max(args.subset, 200)], args.repeats)
+  dpx_us = (statistics.median(dpx_times) / min(args.pairs, max(args.subset, 200)) * 1e6
+            if dpx_times else float("nan"))
+
   rdp_jax64 = rdp_jax
   if args.float32:  # float64 reference for the accuracy checks (not timed against dp_accounting)
     rdp_jax64, _, _ = time_jaxrdp(q, sigma, jnp.float64, 1)
@@ -199,6 +232,12 @@ def main(argv=None) -> None:
   print(row(f"dp_accounting median of {args.repeats}, {args.subset} pairs", f"{dpa_med:10.4f} s"))
   print(row("dp_accounting per pair", f"{dpa_us:10.1f} µs"))
   print(row("ratio dp_accounting / jaxrdp (per pair)", f"{ratio:10.2f} x"))
+  print(row(f"jaxrdp {dtype_name} jit(vmap) first call (trace+compile+1 run)", f"{first_vmap:10.3f} s"))
+  print(row("jaxrdp jit(vmap) per pair", f"{vmap_us:10.1f} µs   (identical to arrays: {vmap_equal})"))
+  print(row("dp_accelerator per pair (up to 200 pairs)", f"{dpx_us:10.1f} µs"))
+  print(row("ratio dp_accelerator / jaxrdp arrays, jit(vmap)",
+            f"{dpx_us / jax_us:10.2f} x, {dpx_us / vmap_us:.2f} x"))
+  print(row("ratio dp_accounting / jaxrdp jit(vmap)", f"{dpa_us / vmap_us:10.2f} x"))
 
   print()
   print("=== accuracy (subset; jaxrdp float64 vs dp_accounting) ===")
@@ -241,7 +280,8 @@ def main(argv=None) -> None:
               f"{rel32:10.3e}   over {n32} values"))
 
   print()
-  print(f"RATIO dp_accounting/jaxrdp = {ratio:.1f}x")
+  print(f"RATIO dp_accelerator/jaxrdp = {dpx_us / jax_us:.2f}x arrays, {dpx_us / vmap_us:.2f}x jit(vmap) (goal >= 5x)")
+  print(f"RATIO dp_accounting/jaxrdp = {ratio:.1f}x arrays, {dpa_us / vmap_us:.1f}x jit(vmap) (goal >= 200x)")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,12 @@ evaluated (a valid bound). A bound made too high by rounding could only prune an
 would have been better, i.e. return a larger ε; the bounds are lowered by a rounding allowance
 (amplified by the chord's extrapolation factor) so that this does not happen in practice.
 Typical grids of 150-170 orders need 20-40 evaluations instead of all of them.
+
+Refinement beyond the grid runs in the same loop (one evaluation site, so the RDP kernel is
+compiled once): once no grid order can beat the best, each further step evaluates _BATCH
+equally spaced orders inside the bracket between the grid neighbours of the best order found
+and keeps the neighbours of the best of them (ε is unimodal in α there), shrinking the
+bracket by (_BATCH + 1)/2 per step. Every value returned is still ε at an evaluated order.
 """
 
 from __future__ import annotations
@@ -47,19 +53,26 @@ def _epsilon_per_order(alphas, rdp, delta):
   return jax.vmap(lambda a, r: compute_epsilon(a[None], r[None], delta)[0])(alphas, rdp)
 
 
-def grid_epsilon(composed_rdp, grid, delta, *, return_evaluations=False):
-  """(ε, order): min over ``grid`` of the improved conversion of ``composed_rdp(orders)``.
+def grid_epsilon(composed_rdp, grid, delta, *, refine_steps=0, initial=None,
+                 return_evaluations=False):
+  """(ε, order): min over ``grid`` of the improved conversion of ``composed_rdp(orders)``,
+  then ``refine_steps`` steps of refinement beyond the grid.
 
-  ``composed_rdp`` maps a 1-D array of orders to the composed RDP there. Equal in value to
-  ``compute_epsilon(grid, composed_rdp(grid), delta)`` (to the last ulp or two: orders are
-  converted one by one), with fewer evaluations; ``return_evaluations`` also returns how many
-  orders were evaluated.
+  ``composed_rdp`` maps a 1-D array of orders to the composed RDP there. Without refinement,
+  equal in value to ``compute_epsilon(grid, composed_rdp(grid), delta)`` (to the last ulp or
+  two: orders are converted one by one), with fewer evaluations. ``initial`` = (ε, order)
+  already known as the grid's minimum skips the search (refinement only).
+  ``return_evaluations`` also returns how many orders were evaluated.
   """
   k = grid.shape[0]
-  if k < _MIN_GRID:
-    eps, order = compute_epsilon(grid, composed_rdp(grid), delta)
-    return (eps, order, k) if return_evaluations else (eps, order)
   dtype = grid.dtype
+  if k < _MIN_GRID and initial is None:
+    eps, order = compute_epsilon(grid, composed_rdp(grid), delta)
+    if refine_steps:
+      eps, order, n = grid_epsilon(composed_rdp, grid, delta, refine_steps=refine_steps,
+                                   initial=(eps, order), return_evaluations=True)
+      return (eps, order, k + n) if return_evaluations else (eps, order)
+    return (eps, order, k) if return_evaluations else (eps, order)
   rel = 1e-12 if jnp.finfo(dtype).bits > 32 else 1e-3   # rounding allowance of the bounds
   alphas = jnp.sort(grid)                                 # NaN orders last
   # Position 0 is the virtual order 1 with F = 0 (and R ≥ 0): a known point of every curve.
@@ -100,35 +113,73 @@ def grid_epsilon(composed_rdp, grid, delta, *, return_evaluations=False):
     return _epsilon_per_order(a, r_lb, delta)
 
   def candidates(state):
-    r, known, best, _, step = state
+    r, known, best, _, step = state[:5]
     bound = lower_bound(r, known)
     # Strictly below the best: when everything is +inf (σ = 0) nothing is left to try.
     return ~known & ((step == 0) | (bound < best) | jnp.isinf(a)), bound
 
+  def bracket(best_alpha):
+    """The grid neighbours of the best order (the refinement's starting bracket)."""
+    finite = usable & (idx > 0)
+    below = jnp.max(jnp.where(finite & (a < best_alpha), a, -jnp.inf))
+    above = jnp.min(jnp.where(finite & (a > best_alpha), a, jnp.inf))
+    lo = jnp.where(jnp.isfinite(below), below, jnp.minimum(best_alpha, 1 + 1e-3))
+    hi = jnp.where(jnp.isfinite(above), above, best_alpha)
+    return lo, hi
+
+  def refinable(best, best_alpha):
+    return jnp.isfinite(best) & jnp.isfinite(best_alpha) & (best_alpha > 1) & jnp.any(usable)
+
+  fractions = jnp.arange(1, _BATCH + 1, dtype=dtype) / (_BATCH + 1)
+
   def body(state):
-    r, known, best, best_alpha, step = state
+    r, known, best, best_alpha, step, lo, hi, refined = state
     cand, bound = candidates(state)
+    searching = jnp.any(cand)
     key = jnp.where(step == 0, rank.astype(dtype), bound)
     # Candidates get finite keys, the rest +inf: every step evaluates at least one candidate,
-    # so the loop ends after at most K / _BATCH + 1 steps.
+    # so the search ends after at most K / _BATCH + 1 steps.
     big = jnp.finfo(dtype).max
     key = jnp.where(cand, jnp.clip(jnp.where(jnp.isnan(key) | jnp.isinf(a), -big, key), -big, big),
                     jnp.inf)
     _, pick = lax.top_k(-key, _BATCH)
-    r_new = composed_rdp(a[pick])
-    eps_new = _epsilon_per_order(a[pick], r_new, delta)
+    # Refinement: equally spaced orders strictly inside the bracket.
+    inside = lo + (hi - lo) * fractions
+    orders = jnp.where(searching, a[pick], inside)
+    r_new = composed_rdp(orders)
+    eps_new = _epsilon_per_order(orders, r_new, delta)
     # NaN counts as no information; the virtual order 1 (position 0) is not in the grid.
-    eps_new = jnp.where(jnp.isnan(eps_new) | (pick == 0), jnp.inf, eps_new)
+    eps_new = jnp.where(jnp.isnan(eps_new) | (searching & (pick == 0)), jnp.inf, eps_new)
     i = jnp.argmin(eps_new)
     better = eps_new[i] < best
-    return (r.at[pick].set(r_new), known.at[pick].set(True),
-            jnp.where(better, eps_new[i], best), jnp.where(better, a[pick][i], best_alpha),
-            step + 1)
+    best = jnp.where(better, eps_new[i], best)
+    best_alpha = jnp.where(better, orders[i], best_alpha)
+    # The minimum of a unimodal function lies between the neighbours of the best sample.
+    points = jnp.concatenate([lo[None], inside, hi[None]])
+    j = jnp.argmin(jnp.concatenate([jnp.inf * jnp.ones((1,), dtype), eps_new, jnp.inf * jnp.ones((1,), dtype)]))
+    new_lo, new_hi = points[jnp.maximum(j - 1, 0)], points[jnp.minimum(j + 1, _BATCH + 1)]
+    start_lo, start_hi = bracket(best_alpha)
+    lo = jnp.where(searching, start_lo, new_lo)
+    hi = jnp.where(searching, start_hi, new_hi)
+    r = jnp.where(searching, r.at[pick].set(r_new), r)
+    known = jnp.where(searching, known.at[pick].set(True), known)
+    return (r, known, best, best_alpha, step + 1, lo, hi, refined + (~searching).astype(jnp.int32))
 
-  known0 = (idx == 0) | jnp.isnan(a)
-  state = (jnp.zeros((k + 1,), dtype), known0, jnp.asarray(jnp.inf, dtype),
-           jnp.asarray(jnp.nan, dtype), jnp.asarray(0, jnp.int32))
-  state = lax.while_loop(lambda st: jnp.any(candidates(st)[0]), body, state)
+  def cond(state):
+    searching = jnp.any(candidates(state)[0])
+    return searching | ((state[7] < refine_steps) & refinable(state[2], state[3]))
+
+  zero = jnp.asarray(0, jnp.int32)
+  if initial is None:
+    known0 = (idx == 0) | jnp.isnan(a)
+    best0, alpha0 = jnp.asarray(jnp.inf, dtype), jnp.asarray(jnp.nan, dtype)
+    lo0 = hi0 = jnp.asarray(1.0, dtype)
+  else:
+    known0 = jnp.ones((k + 1,), bool)
+    best0, alpha0 = (jnp.asarray(v, dtype) for v in initial)
+    lo0, hi0 = bracket(alpha0)
+  state = (jnp.zeros((k + 1,), dtype), known0, best0, alpha0, zero, lo0, hi0, zero)
+  state = lax.while_loop(cond, body, state)
   if return_evaluations:
     return state[2], state[3], state[4] * _BATCH
   return state[2], state[3]

@@ -48,8 +48,8 @@ def compute_rdp(q: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
   steps = _validation.as_float_array(steps)
   batch = jnp.broadcast_shapes(jnp.shape(q), jnp.shape(sigma), jnp.shape(steps))
   expand = (Ellipsis,) + (None,) * orders.ndim
-  rdp = sampled_gaussian.rdp_sampled_gaussian(
-      jnp.broadcast_to(q, batch)[expand], jnp.broadcast_to(sigma, batch)[expand], orders)
+  rdp = sampled_gaussian.log_a_and_rdp(
+      jnp.broadcast_to(q, batch)[expand], jnp.broadcast_to(sigma, batch)[expand], orders)[1]
   t = jnp.broadcast_to(steps, batch)[expand].astype(rdp.dtype)
   # 0 steps spend nothing, even at orders where one step is infinite; under jit, negative or
   # NaN steps give NaN.

@@ -36,7 +36,9 @@ import numpy as np
 import optax
 
 from jaxrdp import _validation
-from jaxrdp.accounting import _check_schedule, _dpsgd_epsilon, _orders, _phases, _refine_order
+from jaxrdp._order_search import grid_epsilon
+from jaxrdp.accounting import (_REFINE_STEPS, _check_schedule, _dpsgd_epsilon, _orders, _phases,
+                               _schedule_rdp)
 from jaxrdp.composition import compute_rdp
 from jaxrdp.conversion import compute_epsilon
 
@@ -205,10 +207,10 @@ def epsilon_trajectory(sampling_rate: jax.typing.ArrayLike, noise_multiplier: ja
 @jax.jit
 def _prefix_epsilon(q, sigma, prefix, delta, grid):
   per_step = compute_rdp(q, sigma, 1.0, grid)          # (phases, orders), computed once
-  finite = jnp.isfinite(grid) & (grid > 1)
 
   def one(tt):
     rdp = jnp.sum(jnp.where(tt[:, None] > 0, tt[:, None] * per_step, 0.0), axis=0)
     eps, order = compute_epsilon(grid, rdp, delta)
-    return _refine_order(q, sigma, tt, delta, grid, finite, eps, order)[0]
+    return grid_epsilon(lambda alphas: _schedule_rdp(q, sigma, tt, alphas), grid, delta,
+                        refine_steps=_REFINE_STEPS, initial=(eps, order))[0]
   return jax.lax.map(one, prefix)

@@ -51,7 +51,7 @@ from jax.sharding import Mesh, PartitionSpec
 from jaxrdp import _validation
 from jaxrdp.accounting import _calibrate_sigma, _orders
 from jaxrdp.conversion import compute_epsilon
-from jaxrdp.sampled_gaussian import rdp_sampled_gaussian
+from jaxrdp.sampled_gaussian import log_a_and_rdp
 
 _AXIS = "grid"
 # Items (pairs or searches) are evaluated in blocks of a fixed number, lax.map'ed over a device's
@@ -244,7 +244,7 @@ def _sharded(local, mesh, n_sharded, n_replicated):
 def _per_step_rdp_fn(mesh, block):
   """(pairs,), (pairs,), (K,) -> per-step RDP (pairs, K); each device on its share of pairs."""
   def local(q, sigma, grid):
-    one_block = lambda q, s: rdp_sampled_gaussian(q[:, None], s[:, None], grid)
+    one_block = lambda q, s: log_a_and_rdp(q[:, None], s[:, None], grid)[1]
     return _in_blocks(one_block, block, q, sigma)
   return _sharded(local, mesh, 2, 1)
 
