@@ -156,7 +156,8 @@ def grid_epsilon(composed_rdp, grid, delta, *, refine_steps=0, initial=None,
     best_alpha = jnp.where(better, orders[i], best_alpha)
     # The minimum of a unimodal function lies between the neighbours of the best sample.
     points = jnp.concatenate([lo[None], inside, hi[None]])
-    j = jnp.argmin(jnp.concatenate([jnp.inf * jnp.ones((1,), dtype), eps_new, jnp.inf * jnp.ones((1,), dtype)]))
+    pad = jnp.full((1,), jnp.inf, dtype)   # the bracket's ends are not sampled again
+    j = jnp.argmin(jnp.concatenate([pad, eps_new, pad]))
     new_lo, new_hi = points[jnp.maximum(j - 1, 0)], points[jnp.minimum(j + 1, _BATCH + 1)]
     start_lo, start_hi = bracket(best_alpha)
     lo = jnp.where(searching, start_lo, new_lo)

@@ -108,6 +108,21 @@ def test_jit_vmap_and_eager_agree():
   np.testing.assert_allclose(mapped, eager, rtol=1e-14)
 
 
+def test_nested_vmap_and_vmap_of_grad_reach_the_flat_kernel():
+  # The batching rule flattens any vmap batch (nested, partly unbatched) into the flat kernel:
+  # the values must equal the whole-array call, and per-element gradients the array gradient.
+  q = jnp.asarray([0.01, 0.2, 1e-3])
+  sigma = jnp.asarray([1.1, 2.0, 0.8])
+  alpha = jnp.asarray([1.5, 4.0, 12.5, 64.0])
+  whole = jaxrdp.log_a(q[:, None], sigma[:, None], alpha[None, :])
+  nested = jax.jit(jax.vmap(jax.vmap(jaxrdp.log_a, in_axes=(None, None, 0)), in_axes=(0, 0, None)))(
+      q, sigma, alpha)
+  np.testing.assert_array_equal(nested, whole)
+  grads = jax.vmap(jax.grad(lambda s: jaxrdp.log_a(0.01, s, 4.7)))(sigma)
+  array_grad = jax.grad(lambda s: jnp.sum(jaxrdp.log_a(0.01, s, 4.7)))(sigma)
+  np.testing.assert_allclose(grads, array_grad, rtol=1e-14)
+
+
 def test_gradient_matches_finite_differences_in_alpha():
   # d log A / d alpha (fractional and integer orders alike), central differences, float64.
   for q, sigma, alpha in [(0.01, 1.1, 4.7), (0.2, 2.0, 3.0), (1e-3, 0.8, 12.5)]:
