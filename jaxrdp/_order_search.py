@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxrdp.conversion import compute_epsilon
+from jaxrdp.conversion import compute_epsilon, epsilon_at_orders
 
 _BATCH = 8          # orders evaluated per step of the search
 _MIN_GRID = 24      # smaller grids are evaluated whole
@@ -47,10 +47,6 @@ def _spread_rank(k: int) -> np.ndarray:
   rank = np.full(k, k, dtype=np.int32)
   rank[first] = np.arange(first.size)
   return rank
-
-
-def _epsilon_per_order(alphas, rdp, delta):
-  return jax.vmap(lambda a, r: compute_epsilon(a[None], r[None], delta)[0])(alphas, rdp)
 
 
 def grid_epsilon(composed_rdp, grid, delta, *, refine_steps=0, initial=None,
@@ -109,14 +105,7 @@ def grid_epsilon(composed_rdp, grid, delta, *, refine_steps=0, initial=None,
     r_below = jnp.where(left1 >= 0, r[jnp.maximum(left1, 0)], 0.0)
     mono = (a - 1) * r_below * (1 - rel)
     f_lb = jnp.maximum(jnp.maximum(from_left, from_right), jnp.maximum(mono, 0.0))
-    r_lb = jnp.where(usable, f_lb / jnp.where(usable, a - 1, 1.0), 0.0)
-    return _epsilon_per_order(a, r_lb, delta)
-
-  def candidates(state):
-    r, known, best, _, step = state[:5]
-    bound = lower_bound(r, known)
-    # Strictly below the best: when everything is +inf (σ = 0) nothing is left to try.
-    return ~known & ((step == 0) | (bound < best) | jnp.isinf(a)), bound
+    return jnp.where(usable, f_lb / jnp.where(usable, a - 1, 1.0), 0.0)
 
   def bracket(best_alpha):
     """The grid neighbours of the best order (the refinement's starting bracket)."""
@@ -133,8 +122,7 @@ def grid_epsilon(composed_rdp, grid, delta, *, refine_steps=0, initial=None,
   fractions = jnp.arange(1, _BATCH + 1, dtype=dtype) / (_BATCH + 1)
 
   def body(state):
-    r, known, best, best_alpha, step, lo, hi, refined = state
-    cand, bound = candidates(state)
+    r, known, best, best_alpha, step, lo, hi, refined, cand, bound = state
     searching = jnp.any(cand)
     key = jnp.where(step == 0, rank.astype(dtype), bound)
     # Candidates get finite keys, the rest +inf: every step evaluates at least one candidate,
@@ -147,7 +135,12 @@ def grid_epsilon(composed_rdp, grid, delta, *, refine_steps=0, initial=None,
     inside = lo + (hi - lo) * fractions
     orders = jnp.where(searching, a[pick], inside)
     r_new = composed_rdp(orders)
-    eps_new = _epsilon_per_order(orders, r_new, delta)
+    r = jnp.where(searching, r.at[pick].set(r_new), r)
+    known = jnp.where(searching, known.at[pick].set(True), known)
+    # One conversion for the new orders and the lower bounds of every grid order.
+    eps_all = epsilon_at_orders(jnp.concatenate([orders, a]),
+                                jnp.concatenate([r_new, lower_bound(r, known)]), delta)
+    eps_new, bound = eps_all[:_BATCH], eps_all[_BATCH:]
     # NaN counts as no information; the virtual order 1 (position 0) is not in the grid.
     eps_new = jnp.where(jnp.isnan(eps_new) | (searching & (pick == 0)), jnp.inf, eps_new)
     i = jnp.argmin(eps_new)
@@ -162,13 +155,14 @@ def grid_epsilon(composed_rdp, grid, delta, *, refine_steps=0, initial=None,
     start_lo, start_hi = bracket(best_alpha)
     lo = jnp.where(searching, start_lo, new_lo)
     hi = jnp.where(searching, start_hi, new_hi)
-    r = jnp.where(searching, r.at[pick].set(r_new), r)
-    known = jnp.where(searching, known.at[pick].set(True), known)
-    return (r, known, best, best_alpha, step + 1, lo, hi, refined + (~searching).astype(jnp.int32))
+    # Still worth evaluating: strictly below the best (when everything is +inf, σ = 0,
+    # nothing is left to try); infinite orders have no lower bound.
+    cand = ~known & ((bound < best) | jnp.isinf(a))
+    return (r, known, best, best_alpha, step + 1, lo, hi, refined + (~searching).astype(jnp.int32),
+            cand, bound)
 
   def cond(state):
-    searching = jnp.any(candidates(state)[0])
-    return searching | ((state[7] < refine_steps) & refinable(state[2], state[3]))
+    return jnp.any(state[8]) | ((state[7] < refine_steps) & refinable(state[2], state[3]))
 
   zero = jnp.asarray(0, jnp.int32)
   if initial is None:
@@ -179,7 +173,9 @@ def grid_epsilon(composed_rdp, grid, delta, *, refine_steps=0, initial=None,
     known0 = jnp.ones((k + 1,), bool)
     best0, alpha0 = (jnp.asarray(v, dtype) for v in initial)
     lo0, hi0 = bracket(alpha0)
-  state = (jnp.zeros((k + 1,), dtype), known0, best0, alpha0, zero, lo0, hi0, zero)
+  # The first step evaluates a spread of orders (every unknown order is a candidate).
+  state = (jnp.zeros((k + 1,), dtype), known0, best0, alpha0, zero, lo0, hi0, zero, ~known0,
+           jnp.zeros((k + 1,), dtype))
   state = lax.while_loop(cond, body, state)
   if return_evaluations:
     return state[2], state[3], state[4] * _BATCH

@@ -79,11 +79,16 @@ def check_int(name: str, x, *, lo: int, hi: int | None = None) -> int:
 
 
 def as_float_array(x) -> jax.Array:
-  """Convert to a JAX floating array, keeping float32/float64 as given (ints become the default float)."""
-  x = jnp.asarray(x)
-  if not jnp.issubdtype(x.dtype, jnp.floating):
-    x = x.astype(jnp.result_type(float))
-  return x
+  """Convert to a JAX floating array, keeping float32/float64 as given (ints become the default
+  float). Conversions of concrete values happen on the host: an eager JAX op would compile."""
+  if isinstance(x, (jax.Array, jax.core.Tracer)):
+    return x if jnp.issubdtype(x.dtype, jnp.floating) else x.astype(jnp.result_type(float))
+  if isinstance(x, (float, np.floating)) and not isinstance(x, np.float16):
+    return jnp.asarray(x)  # keeps Python floats weakly typed, as jnp does
+  v = np.asarray(x)
+  if not np.issubdtype(v.dtype, np.floating):
+    return jnp.asarray(v, jnp.result_type(float))
+  return jnp.asarray(v)
 
 
 def canonical_key(key):

@@ -22,11 +22,13 @@ import math
 import jax
 import jax.numpy as jnp
 from jax import lax
+import numpy as np
 
+from jaxrdp import _compile
 from jaxrdp import _validation
-from jaxrdp.composition import compute_rdp
+from jaxrdp import composition
 from jaxrdp._order_search import grid_epsilon
-from jaxrdp.conversion import compute_epsilon
+from jaxrdp.conversion import compute_epsilon, epsilon_at_orders
 from jaxrdp.orders import DEFAULT_ORDERS
 
 _REFINE_STEPS = 6         # refinement steps of 8 orders each (the bracket shrinks 4.5x per step)
@@ -48,6 +50,8 @@ def _phases(sampling_rate, noise_multiplier, steps):
     raise ValueError("sampling_rate, noise_multiplier and steps must broadcast to one schedule; "
                      f"got shapes {q.shape}, {sigma.shape}, {t.shape}.") from None
   shape = shape or (1,)
+  if _validation.is_concrete((q, sigma, t)):  # on the host: eager JAX ops would compile
+    return tuple(np.broadcast_to(np.asarray(v, dtype), shape) for v in (q, sigma, t))
   return tuple(jnp.broadcast_to(v.astype(dtype), shape) for v in (q, sigma, t))
 
 
@@ -70,14 +74,14 @@ def _orders(orders, dtype):
 
 def _schedule_rdp(q, sigma, t, orders):
   """Σ_i T_i RDP_i at each order (orders of any shape)."""
-  rdp = compute_rdp(q, sigma, t, orders.reshape(-1))
+  rdp = composition.compute_rdp_unchecked(q, sigma, t, orders.reshape(-1))
   return jnp.sum(rdp, axis=0).reshape(orders.shape)
 
 
 def _epsilon_at(q, sigma, t, delta, alpha):
   """Improved conversion at each order of the 1-D array α (Balle et al. 2020, Thm. 21)."""
   r = _schedule_rdp(q, sigma, t, alpha)
-  return jax.vmap(lambda a, r: compute_epsilon(a[None], r[None], delta)[0])(alpha, r)
+  return epsilon_at_orders(alpha, r, delta)
 
 
 def dpsgd_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
@@ -109,16 +113,27 @@ def dpsgd_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typ
   return _dpsgd_epsilon(q, sigma, t, jnp.asarray(delta, q.dtype), grid, refine_order)
 
 
-@functools.partial(jax.jit, static_argnames=("refine_order",))
 def _dpsgd_epsilon(q, sigma, t, delta, grid, refine_order):
+  """dpsgd_epsilon without argument checks (phase arrays of one dtype). The order search is
+  compiled on its own; the envelope derivative is attached outside it, so that a derivative
+  taken eagerly (``jax.grad`` of this function) compiles two small graphs with the quick
+  options of :mod:`jaxrdp._compile` rather than one large graph without them."""
   sg = lax.stop_gradient
-  q_, s_, t_, d_ = sg(q), sg(sigma), sg(t), sg(delta)
+  eps, best = _search_epsilon(sg(q), sg(sigma), sg(t), sg(delta), grid, refine_order)
+  return _envelope(eps, best, q, sigma, t, delta)
+
+
+@_compile.jit(static_argnames=("refine_order",))
+def _search_epsilon(q, sigma, t, delta, grid, refine_order):
+  """(ε, the order attaining it, NaN where no order is usable); ε is NaN for δ outside (0, 1)
+  (under jit the eager checks do not run)."""
   steps = _REFINE_STEPS if refine_order and grid.shape[0] >= 2 else 0
-  eps, best = grid_epsilon(lambda alphas: _schedule_rdp(q_, s_, t_, alphas), grid, d_,
+  eps, best = grid_epsilon(lambda alphas: _schedule_rdp(q, sigma, t, alphas), grid, delta,
                            refine_steps=steps)
   finite = jnp.isfinite(grid) & (grid > 1)
   usable = finite.any() & jnp.isfinite(best) & (best > 1) & jnp.isfinite(eps)
-  return _envelope(eps, jnp.where(usable, best, jnp.nan), q, sigma, t, delta)
+  eps = jnp.where((delta > 0) & (delta < 1), eps, jnp.nan)
+  return eps, jnp.where(usable, best, jnp.nan)
 
 
 @jax.custom_jvp
@@ -134,15 +149,22 @@ def _envelope(eps, best, q, sigma, t, delta):
 def _envelope_jvp(primals, tangents):
   eps, best, *args = primals
   _, _, *dots = tangents
+  grads = _epsilon_gradient(best, *args)
+  tangent = sum(jnp.sum(g * d) for g, d in zip(grads, dots))
+  return eps, tangent.astype(eps.dtype)
+
+
+@_compile.jit
+def _epsilon_gradient(best, q, sigma, t, delta):
+  """d ε / d(q, σ, T, δ) at the fixed order ``best`` (zero where no order is usable)."""
   usable = jnp.isfinite(best)
   # Safe stand-ins where no order is usable (ε infinite, or a degenerate schedule), so that
-  # the unused derivative is finite and the selected zero stays zero in reverse mode too.
+  # the unused derivative is finite and the selected zero stays zero.
   safe = (0.5, 1.0, 1.0, 1e-5)
-  args = [jnp.where(usable, a, jnp.asarray(v, a.dtype)) for a, v in zip(args, safe)]
-  dots = [jnp.where(usable, d, jnp.zeros_like(d)) for d in dots]
+  args = [jnp.where(usable, a, jnp.asarray(v, a.dtype)) for a, v in zip((q, sigma, t, delta), safe)]
   alpha = jnp.where(usable, best, 2.0)[None]
-  _, tangent = jax.jvp(lambda *a: _epsilon_at(*a, alpha)[0], tuple(args), tuple(dots))
-  return eps, jnp.where(usable, tangent, 0.0)
+  grads = jax.grad(lambda *a: _epsilon_at(*a, alpha)[0], argnums=(0, 1, 2, 3))(*args)
+  return tuple(jnp.where(usable, g, 0.0) for g in grads)
 
 
 def _safe_boundary(g, s0, s_min, s_max):
@@ -215,7 +237,7 @@ def calibrate_noise_multiplier(target_epsilon: jax.typing.ArrayLike, delta: jax.
   return result
 
 
-@jax.jit
+@_compile.jit
 def _calibrate_sigma(target, delta, q, t, grid):
   def g(log_sigma):   # log(ε/target), non-increasing in σ
     sigma = jnp.broadcast_to(jnp.exp(log_sigma), q.shape)
@@ -246,7 +268,7 @@ def calibrate_sampling_rate(target_epsilon: jax.typing.ArrayLike, delta: jax.typ
   return result
 
 
-@jax.jit
+@_compile.jit
 def _calibrate_q(target, delta, sigma, t, grid):
   def g(neg_log_q):   # log(ε/target), non-increasing in -log q
     q = jnp.broadcast_to(jnp.exp(-neg_log_q), sigma.shape)
@@ -281,7 +303,7 @@ def calibrate_steps(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.Arra
   return lo
 
 
-@functools.partial(jax.jit, static_argnames=("max_steps",))
+@_compile.jit(static_argnames=("max_steps",))
 def _calibrate_steps(target, delta, q, sigma, grid, max_steps):
   per_step = _schedule_rdp(q, sigma, jnp.ones_like(q), grid)
   ok = lambda n: compute_epsilon(grid, per_step * n, delta)[0] <= target

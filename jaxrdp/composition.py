@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
+from jaxrdp import _compile
 from jaxrdp import _validation
 from jaxrdp import sampled_gaussian
 
@@ -43,13 +46,24 @@ def compute_rdp(q: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
   orders = _validation.as_float_array(orders)
   if orders.ndim > 1:
     raise ValueError(f"orders must be a scalar or a 1-D array, got shape {orders.shape}.")
-  q = _validation.as_float_array(q)
-  sigma = _validation.as_float_array(noise_multiplier)
-  steps = _validation.as_float_array(steps)
+  split = sampled_gaussian.integer_order_split(orders) if orders.ndim == 1 else None
+  return compute_rdp_unchecked(_validation.as_float_array(q), _validation.as_float_array(noise_multiplier),
+                               _validation.as_float_array(steps), orders, split)
+
+
+@functools.partial(_compile.jit, static_argnames=("split",))
+def compute_rdp_unchecked(q, sigma, steps, orders, split=None):
+  """compute_rdp without argument checks (floating arrays; orders scalar or 1-D). ``split``:
+  :func:`jaxrdp.sampled_gaussian.integer_order_split` of the concrete orders (static), which
+  sends integer orders up to 64 to the exact binomial sum."""
   batch = jnp.broadcast_shapes(jnp.shape(q), jnp.shape(sigma), jnp.shape(steps))
+  dtype = jnp.result_type(q, sigma, orders)
+  q, sigma = (jnp.broadcast_to(v, batch).astype(dtype) for v in (q, sigma))
+  if orders.ndim == 1:
+    rdp = sampled_gaussian.log_a_and_rdp_at_orders(q, sigma, orders.astype(dtype), split)[1]
+  else:
+    rdp = sampled_gaussian.log_a_and_rdp(q, sigma, orders)[1]
   expand = (Ellipsis,) + (None,) * orders.ndim
-  rdp = sampled_gaussian.log_a_and_rdp(
-      jnp.broadcast_to(q, batch)[expand], jnp.broadcast_to(sigma, batch)[expand], orders)[1]
   t = jnp.broadcast_to(steps, batch)[expand].astype(rdp.dtype)
   # 0 steps spend nothing, even at orders where one step is infinite; under jit, negative or
   # NaN steps give NaN.

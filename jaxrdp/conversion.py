@@ -102,7 +102,17 @@ def compute_epsilon(orders: jax.typing.ArrayLike, rdp: jax.typing.ArrayLike,
   _validation.check_range("delta", delta, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
   _validation.check_broadcast(**{"rdp.shape[:-1]": jax.ShapeDtypeStruct(rdp.shape[:-1], rdp.dtype), "delta": delta})
   delta = _validation.as_float_array(delta).astype(rdp.dtype)
-  delta = delta[..., None]
+  eps = epsilon_at_orders(orders, rdp, delta[..., None], method)
+  best, order = _best_over_orders(eps, orders)
+  # Under jit the eager checks do not run: delta outside (0, 1) gives NaN.
+  bad = ~((delta > 0) & (delta < 1))
+  return jnp.where(bad, jnp.nan, best), jnp.where(bad, jnp.nan, order)
+
+
+def epsilon_at_orders(orders, rdp, delta, method="improved"):
+  """ε implied at each order separately (broadcasting; no minimum, no argument checks): the
+  internal form of :func:`compute_epsilon`, for callers that take the minimum themselves.
+  Raised for the conversion's own rounding, so min over orders equals compute_epsilon's ε."""
   usable = ~jnp.isnan(orders) & ~jnp.isnan(rdp) & (orders >= 1)
   finite_order = jnp.isfinite(orders) & (orders > 1)
   a = jnp.where(finite_order, orders, 2.0)
@@ -119,11 +129,7 @@ def compute_epsilon(orders: jax.typing.ArrayLike, rdp: jax.typing.ArrayLike,
   eps = jnp.where(kl_enough, jnp.zeros_like(eps), eps)
   eps = jnp.where(jnp.isinf(rdp), inf, eps)
   eps = jnp.where(usable, eps, inf)
-  best, order = _best_over_orders(eps, orders)
-  # Under jit the eager checks do not run: delta outside (0, 1) gives NaN.
-  bad = ~((delta[..., 0] > 0) & (delta[..., 0] < 1))
-  best = jnp.maximum(best, 0.0) * (1 + _OUTPUT_ULPS * jnp.finfo(best.dtype).eps)
-  return jnp.where(bad, jnp.nan, best), jnp.where(bad, jnp.nan, order)
+  return jnp.maximum(eps, 0.0) * (1 + _OUTPUT_ULPS * jnp.finfo(eps.dtype).eps)
 
 
 def compute_delta(orders: jax.typing.ArrayLike, rdp: jax.typing.ArrayLike,

@@ -49,7 +49,9 @@ import math
 import jax
 import jax.numpy as jnp
 from jax import lax
+import numpy as np
 
+from jaxrdp import _compile
 from jaxrdp import _validation
 
 _BLOCK = 32               # intervals per window at level 0; midpoints per refinement block
@@ -642,7 +644,7 @@ def log_a_and_rdp(q, sigma, alpha):
   return _log_a_and_rdp_jit(q, sigma, alpha)
 
 
-@jax.jit
+@_compile.jit
 def _log_a_and_rdp_jit(q, sigma, alpha):
   dtype = jnp.result_type(q, sigma, alpha)
   q, sigma, alpha = jnp.broadcast_arrays(q.astype(dtype), sigma.astype(dtype), alpha.astype(dtype))
@@ -653,13 +655,20 @@ def _log_a_and_rdp_jit(q, sigma, alpha):
   return log_a_value.reshape(shape), rdp.reshape(shape)
 
 
-def _terms(q, sigma, alpha):
-  """Special cases around the generic kernel, with double-where for NaN-free gradients."""
+def _generic(q, sigma, alpha):
+  """Where the kernel is needed (0 < q < 1, sigma > 0, 1 <= alpha < inf), and the parameters
+  with safe stand-ins elsewhere (double-where: NaN-free gradients)."""
   generic = (q > 0) & (q < 1) & (sigma > 0) & jnp.isfinite(alpha) & (alpha >= 1)
-  q_g = jnp.where(generic, q, 0.5)
-  s_g = jnp.where(generic, sigma, 1.0)
-  a_g = jnp.where(generic, alpha, 2.0)
-  log_j = _log_j(q_g, s_g, a_g)
+  return (generic, jnp.where(generic, q, 0.5), jnp.where(generic, sigma, 1.0),
+          jnp.where(generic, alpha, 2.0))
+
+
+def _terms(q, sigma, alpha, log_j=None):
+  """Special cases around the generic kernel, with double-where for NaN-free gradients.
+  ``log_j``: log J at the generic stand-ins of :func:`_generic` (default: the quadrature)."""
+  generic, q_g, s_g, a_g = _generic(q, sigma, alpha)
+  if log_j is None:
+    log_j = _log_j(q_g, s_g, a_g)
   failed = ~jnp.isfinite(log_j)
   beta = a_g - 1
   beta_safe = jnp.where(beta > 0, beta, 1.0)
@@ -684,3 +693,108 @@ def _terms(q, sigma, alpha):
   # Under jit the eager range checks do not run: out-of-range inputs give NaN, never a number.
   invalid = ~((q >= 0) & (q <= 1) & (sigma >= 0) & (alpha >= 1))
   return jnp.where(invalid, jnp.nan, log_a_out), jnp.where(invalid, jnp.nan, rdp_out)
+
+
+# --- integer orders: the exact binomial sum ------------------------------------------------
+
+_MAX_INTEGER_ORDER = 64      # integer orders up to this are summed exactly (O(alpha) terms)
+_SUM_ELEMENTS = 1 << 22      # terms per step of the summation (bounds memory)
+
+
+@functools.lru_cache(maxsize=None)
+def _log_binomial_table(k_max: int):
+  """log C(a, k) for 0 <= k <= a <= k_max (float64, each entry correctly rounded: C(a, k) is
+  an exact integer), -inf for k > a. Row a, column k."""
+  table = np.full((k_max + 1, k_max + 1), -np.inf)
+  for a in range(k_max + 1):
+    for k in range(a + 1):
+      table[a, k] = math.log(math.comb(a, k))
+  return table
+
+
+def integer_order_split(orders):
+  """Static description of which entries of a concrete 1-D order array are summed exactly:
+  ``(mask, k_max)`` with ``mask`` a tuple of booleans (integer orders in [2, 64]) and k_max a
+  power of two bounding them; None when ``orders`` is traced or has no such entry."""
+  if isinstance(orders, jax.core.Tracer):
+    return None
+  a = np.asarray(orders, np.float64).reshape(-1)
+  with np.errstate(invalid="ignore"):
+    mask = (a == np.round(a)) & (a >= 2) & (a <= _MAX_INTEGER_ORDER)
+  if not mask.any():
+    return None
+  k_max = 8
+  while k_max < a[mask].max():
+    k_max *= 2
+  return tuple(bool(m) for m in mask), k_max
+
+
+def _log_j_integer(q, sigma, alpha, k_max):
+  r"""log J = log((A_α − 1)/(α − 1)) for integer orders 2 <= α <= k_max, exactly:
+
+  .. math:: A_\alpha - 1 = \sum_{k=2}^{\alpha} \binom{\alpha}{k} q^k (1-q)^{\alpha-k}
+            \big(e^{k(k-1)/(2\sigma^2)} - 1\big),
+
+  the binomial expansion of :math:`E_{\mu_0}[(1-q+qL)^\alpha]` with :math:`E_{\mu_0}[L^k] =
+  e^{k(k-1)/(2\sigma^2)}` (Mironov, Talwar, Zhang 2019, Sec. 3.2) minus the same expansion of
+  :math:`1 = (1-q+q)^\alpha`: a sum of non-negative terms, summed in log space, so nothing
+  cancels (float32 too). q, sigma: shape (n, 1), 0 < q < 1, sigma > 0; alpha: shape (m,).
+  Returns shape (n, m). The terms exp(c_k) - 1 depend on (sigma, k) only and the binomial
+  coefficients on (alpha, k) only: both are computed once and shared across orders / pairs.
+  """
+  dtype = q.dtype
+  k = jnp.arange(k_max + 1, dtype=dtype)
+  log_binom = jnp.asarray(_log_binomial_table(k_max), dtype)[alpha.astype(jnp.int32)]  # (m, K)
+  summed = (k >= 2) & (k <= alpha[:, None])                                           # (m, K)
+  c = k * (k - 1) / (2 * sigma * sigma)                                               # (n, K)
+  c = jnp.where(k >= 2, c, 1.0)
+  log_expm1 = c + jnp.log(-jnp.expm1(-c))
+  log_q, log1m_q = jnp.log(q), jnp.log1p(-q)
+  per_pair = k * (log_q - log1m_q) + log_expm1                                       # (n, K)
+  terms = log_binom[None] + per_pair[:, None, :] + (log1m_q * alpha[None, :])[..., None]
+  terms = jnp.where(summed[None], terms, -jnp.inf)
+  top = lax.stop_gradient(jnp.max(terms, axis=-1, keepdims=True))
+  log_a_minus_1 = jnp.log(jnp.sum(jnp.exp(terms - top), axis=-1)) + top[..., 0]
+  return log_a_minus_1 - jnp.log(alpha - 1)
+
+
+def _integer_orders(q, sigma, alpha, k_max):
+  """(log A, RDP) of shape (n, m) for flat q, sigma (n,) and integer orders alpha (m,)."""
+  n, m = q.shape[0], alpha.shape[0]
+  rows = max(1, _SUM_ELEMENTS // (m * (k_max + 1)))
+
+  def block(qs):
+    q_, s_ = qs[0][:, None], qs[1][:, None]
+    positive = (q_ > 0) & (q_ < 1) & (s_ > 0)
+    log_j = _log_j_integer(jnp.where(positive, q_, 0.5), jnp.where(positive, s_, 1.0), alpha, k_max)
+    return _terms(q_, s_, alpha[None, :], log_j)
+
+  if n <= rows:
+    return block((q, sigma))
+  n_blocks = -(-n // rows)
+  pad = n_blocks * rows - n
+  split = lambda v: jnp.concatenate([v, jnp.broadcast_to(v[:1], (pad,))]).reshape(n_blocks, rows)
+  out = lax.map(block, (split(q), split(sigma)))
+  return tuple(v.reshape(n_blocks * rows, m)[:n] for v in out)
+
+
+def log_a_and_rdp_at_orders(q, sigma, orders, split=None):
+  """(log A, RDP) of shape ``q.shape + orders.shape`` for q, sigma of one (batch) shape and a
+  1-D array of orders, without argument checks. ``split`` (from :func:`integer_order_split`
+  on the concrete orders, static) sends the integer orders up to 64 to the exact binomial
+  sum, the others to the quadrature."""
+  if split is None:
+    return _log_a_and_rdp_jit(q[..., None], sigma[..., None], orders)
+  mask, k_max = split
+  mask = np.asarray(mask)
+  whole, rest = np.nonzero(mask)[0], np.nonzero(~mask)[0]
+  batch = q.shape
+  qf, sf = q.reshape(-1), sigma.reshape(-1)
+  dtype = jnp.result_type(qf, sf, orders)
+  qf, sf, orders = qf.astype(dtype), sf.astype(dtype), orders.astype(dtype)
+  parts = [_integer_orders(qf, sf, orders[whole], k_max)]
+  if rest.size:
+    parts.append(_log_a_and_rdp_jit(qf[:, None], sf[:, None], orders[rest]))
+  inverse = np.argsort(np.concatenate([whole, rest]))
+  return tuple(jnp.concatenate(vs, axis=-1)[:, inverse].reshape(batch + orders.shape)
+               for vs in zip(*parts))

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxrdp import _compile
 from jaxrdp import _validation
 from jaxrdp._order_search import grid_epsilon
 from jaxrdp.accounting import (_REFINE_STEPS, _check_schedule, _dpsgd_epsilon, _orders, _phases,
@@ -204,7 +205,7 @@ def epsilon_trajectory(sampling_rate: jax.typing.ArrayLike, noise_multiplier: ja
   return eps.reshape(jnp.shape(at_steps))
 
 
-@jax.jit
+@_compile.jit
 def _prefix_epsilon(q, sigma, prefix, delta, grid):
   per_step = compute_rdp(q, sigma, 1.0, grid)          # (phases, orders), computed once
 

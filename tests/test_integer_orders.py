@@ -1,0 +1,95 @@
+"""Integer orders 2..64 of a concrete order grid: the exact binomial sum (MTZ 2019, Sec. 3.2).
+
+compute_rdp sends them to ``_log_j_integer`` (a sum of non-negative terms) instead of the
+quadrature. Checked against the same 60-digit mpmath references as the quadrature
+(tests/data, tools/make_references.py; at integer orders the references are the exact binomial
+sum in mpmath) at every reference point with an integer order in [2, 64], and against the
+quadrature (an independent algorithm) on random points of the box q ∈ [1e-8, 0.99],
+σ ∈ [0.2, 50].
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxrdp
+from jaxrdp import sampled_gaussian
+
+F64_RTOL = 1e-12
+F32_RTOL = 1e-5
+GRAD_RTOL = 1e-8
+
+
+def _integer_points(r):
+  a = r["alpha"]
+  keep = (a == np.round(a)) & (a >= 2) & (a <= 64) & (r["q"] > 0) & (r["q"] < 1)
+  return {k: v[keep] for k, v in r.items()}
+
+
+def _log_a_by_compute_rdp(q, sigma, alpha):
+  """log A at each point through compute_rdp's order grid (the integer path): one call on
+  the batch of points over the distinct orders, then each point's own order."""
+  orders = np.unique(alpha)
+  rdp = np.asarray(jaxrdp.compute_rdp(q, sigma, 1, orders.astype(np.asarray(q).dtype)))
+  column = np.searchsorted(orders, alpha)
+  return rdp[np.arange(len(alpha)), column].astype(np.float64) * (alpha - 1)
+
+
+def test_the_split_sends_integer_orders_up_to_64_to_the_sum():
+  split = sampled_gaussian.integer_order_split(np.array([1.0, 1.5, 2.0, 3.0, 64.0, 65.0, np.inf]))
+  assert split == ((False, False, True, True, True, False, False), 64)
+  assert sampled_gaussian.integer_order_split(np.array([1.5, 128.0])) is None
+
+
+def test_float64_matches_mpmath_at_integer_orders(log_a_reference):
+  r = _integer_points(log_a_reference)
+  assert len(r["q"]) > 50
+  value = _log_a_by_compute_rdp(r["q"], r["sigma"], r["alpha"])
+  err = np.abs(value - r["log_a"]) / np.abs(r["log_a"])
+  assert err.max() <= F64_RTOL, err.max()
+  assert np.all(value >= r["log_a"] * (1 - 128 * np.finfo(np.float64).eps))
+
+
+def test_float32_matches_mpmath_at_integer_orders(log_a_reference_float32):
+  r = _integer_points(log_a_reference_float32)
+  normal = (r["log_a"] >= np.finfo(np.float32).tiny) & (r["log_a"] <= np.finfo(np.float32).max)
+  r = {k: v[normal] for k, v in r.items()}
+  assert len(r["q"]) > 50
+  value = _log_a_by_compute_rdp(r["q"].astype(np.float32), r["sigma"].astype(np.float32), r["alpha"])
+  err = np.abs(value - r["log_a"]) / r["log_a"]
+  assert err.max() <= F32_RTOL, err.max()
+
+
+def test_gradients_match_mpmath_at_integer_orders(log_a_reference):
+  r = _integer_points(log_a_reference)
+
+  def log_a(q, sigma, alpha):
+    return jaxrdp.compute_rdp(q, sigma, 1, jnp.asarray([alpha]))[0] * (alpha - 1)
+
+  for i in range(len(r["q"])):
+    dq, ds = jax.grad(log_a, argnums=(0, 1))(r["q"][i], r["sigma"][i], float(r["alpha"][i]))
+    assert abs(dq - r["dlog_a_dq"][i]) <= GRAD_RTOL * abs(r["dlog_a_dq"][i]), i
+    assert abs(ds - r["dlog_a_dsigma"][i]) <= GRAD_RTOL * abs(r["dlog_a_dsigma"][i]), i
+
+
+def test_sum_agrees_with_the_quadrature_on_random_points():
+  rng = np.random.default_rng(7)
+  q = np.exp(rng.uniform(np.log(1e-8), np.log(0.99), 400))
+  sigma = np.exp(rng.uniform(np.log(0.2), np.log(50.0), 400))
+  orders = np.arange(2.0, 65.0)
+  summed = np.asarray(jaxrdp.compute_rdp(q, sigma, 1, orders))
+  quadrature = np.asarray(jaxrdp.rdp_sampled_gaussian(q[:, None], sigma[:, None], orders[None, :]))
+  assert np.all(np.isfinite(summed))
+  both = np.isfinite(quadrature)
+  assert both.mean() > 0.99
+  np.testing.assert_allclose(summed[both], quadrature[both], rtol=F64_RTOL, atol=0)
+
+
+def test_mixed_grid_keeps_the_order_of_its_entries():
+  # Integer and fractional orders interleaved (and 1, inf): each entry equals the same order
+  # computed alone.
+  orders = np.array([3.0, 1.5, 1.0, 64.0, 2.0, np.inf, 70.0, 2.5])
+  grid = np.asarray(jaxrdp.compute_rdp(0.02, 1.3, 10, orders))
+  alone = np.array([float(jaxrdp.compute_rdp(0.02, 1.3, 10, np.array([a]))[0]) for a in orders])
+  np.testing.assert_allclose(grid, alone, rtol=1e-14)
+  assert np.isinf(grid[5]) and grid[2] > 0
