@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import functools
 import inspect
+import threading
 
 import jax
 
@@ -46,6 +47,7 @@ def jit(fun=None, *, static_argnames=()):
   plain = jax.jit(fun, static_argnames=static_argnames)
   with_options = jax.jit(fun, static_argnames=static_argnames, compiler_options=_CPU_OPTIONS)
   executables = collections.OrderedDict()
+  lock = threading.Lock()
 
   @functools.wraps(fun)
   def call(*args, **kwargs):
@@ -57,15 +59,18 @@ def jit(fun=None, *, static_argnames=()):
     if jax.default_backend() != "cpu" or any(isinstance(x, jax.core.Tracer) for x in leaves):
       return plain(*args, **kwargs)
     statics = tuple((k, arguments[k]) for k in static_argnames if k in arguments)
-    key = (treedef, tuple(_leaf_key(x) for x in leaves), statics, jax.config.jax_enable_x64)
-    executable = executables.get(key)
+    key = (treedef, tuple(_leaf_key(x) for x in leaves), statics, jax.config.jax_enable_x64,
+           str(jax.config.jax_default_device))
+    with lock:
+      executable = executables.get(key)
+      if executable is not None:
+        executables.move_to_end(key)
     if executable is None:
       executable = with_options.lower(**arguments).compile()
-      executables[key] = executable
-      if len(executables) > _CACHE_SIZE:
-        executables.popitem(last=False)
-    else:
-      executables.move_to_end(key)
+      with lock:
+        executables[key] = executable
+        while len(executables) > _CACHE_SIZE:
+          executables.popitem(last=False)
     return executable(**dynamic)
 
   call.trace = plain.trace
