@@ -116,8 +116,8 @@ def dpsgd_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typ
 def _dpsgd_epsilon(q, sigma, t, delta, grid, refine_order):
   """dpsgd_epsilon without argument checks (phase arrays of one dtype). The order search is
   compiled on its own; the envelope derivative is attached outside it, so that a derivative
-  taken eagerly (``jax.grad`` of this function) compiles two small graphs with the quick
-  options of :mod:`jaxrdp._compile` rather than one large graph without them."""
+  taken eagerly (``jax.grad`` of this function) compiles two smaller graphs with the CPU
+  option of :mod:`jaxrdp._compile` rather than one large graph without it."""
   sg = lax.stop_gradient
   eps, best = _search_epsilon(sg(q), sg(sigma), sg(t), sg(delta), grid, refine_order)
   return _envelope(eps, best, q, sigma, t, delta)
