@@ -85,6 +85,22 @@ def test_sum_agrees_with_the_quadrature_on_random_points():
   np.testing.assert_allclose(summed[both], quadrature[both], rtol=F64_RTOL, atol=0)
 
 
+def test_huge_sigma_gives_the_tiny_value_not_inf():
+  # sigma^2 overflows (float64 above ~1.3e154, float32 above ~1.8e19): e^{k(k-1)/(2 sigma^2)} - 1
+  # is then taken from log sigma. The true RDP, alpha q^2 / (2 sigma^2) to first order, is
+  # below the smallest normal number here: the result must be ~0 (at most the kernel's floor,
+  # a few times the smallest normal), not +inf.
+  orders = np.arange(2.0, 9.0)
+  for dtype, sigma in ((np.float64, 1e200), (np.float32, 1e25)):
+    rdp = np.asarray(jaxrdp.compute_rdp(np.asarray(0.5, dtype), np.asarray(sigma, dtype), 1, orders.astype(dtype)))
+    assert np.all(np.isfinite(rdp)) and np.all(rdp >= 0), (dtype, rdp)
+    assert np.all(rdp <= 4 * np.finfo(dtype).tiny), (dtype, rdp)  # the softplus floor, e * tiny
+  # Just below the overflow the first-order value is representable and matched.
+  sigma = 1e150
+  rdp = np.asarray(jaxrdp.compute_rdp(0.5, sigma, 1, orders))
+  np.testing.assert_allclose(rdp, orders * 0.25 / (2 * sigma**2), rtol=1e-12)
+
+
 def test_mixed_grid_keeps_the_order_of_its_entries():
   # Integer and fractional orders interleaved (and 1, inf): each entry equals the same order
   # computed alone.
