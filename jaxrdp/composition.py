@@ -43,10 +43,13 @@ def compute_rdp(q: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
   _validation.check_range("steps", steps, lo=0.0)
   _validation.check_range("orders", orders, lo=1.0, allow_inf=True)
   _validation.check_broadcast(q=q, noise_multiplier=noise_multiplier, steps=steps)
+  given = orders
   orders = _validation.as_float_array(orders)
   if orders.ndim > 1:
     raise ValueError(f"orders must be a scalar or a 1-D array, got shape {orders.shape}.")
-  split = sampled_gaussian.integer_order_split(orders) if orders.ndim == 1 else None
+  # From the orders as given: under an outer jax.jit even a converted constant is a tracer,
+  # and the split needs the concrete values.
+  split = sampled_gaussian.integer_order_split(given) if orders.ndim == 1 else None
   return compute_rdp_unchecked(_validation.as_float_array(q), _validation.as_float_array(noise_multiplier),
                                _validation.as_float_array(steps), orders, split)
 

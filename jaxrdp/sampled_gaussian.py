@@ -342,32 +342,46 @@ def _placement(q, sigma, alpha):
   return (a0, a1, b0, b1, merged, m_ref)
 
 
-def _assess(log_t, log_t_coarse, edge, shift, h, sigma, alpha):
+def _assess(log_t, log_t_coarse, log_t_coarser, edge, shift, h, sigma, alpha):
   r"""True where the rule's result cannot be certified to _ERROR_TOL_ULPS ulps of log A.
 
   For an integrand analytic in the strip :math:`|\Im z| < d`, the trapezoidal error behaves
-  as :math:`C e^{-2\pi d/h}`: halving h multiplies it by :math:`\rho = e^{-\pi d/h}`, so
-  :math:`E(h) = \rho/(1-\rho)\,|T(h) - T(2h)|`. Here :math:`d = \pi\sigma^2` (the branch
-  point of :math:`\log(1+x)` at :math:`z_0 + i\pi\sigma^2`); the Gaussian factor converges
-  faster (:math:`\rho = e^{-1.5\pi^2\sigma^2/h^2}`), so the larger rho is a safe rate. The
-  gap is judged on log A (what is returned): :math:`d\log A/\log A = s\, d\log J` with
+  as :math:`C e^{-2\pi d/h}`: halving h multiplies it by :math:`\rho = e^{-\pi d/h}`.
+  Here :math:`d = \pi\sigma^2` (the branch point of :math:`\log(1+x)` at
+  :math:`z_0 + i\pi\sigma^2`); the Gaussian factor converges faster
+  (:math:`\rho = e^{-1.5\pi^2\sigma^2/h^2}`), so the larger rho is a safe rate.
+
+  The error of a rule oscillates with the phase of the grid against the integrand's bumps
+  (:math:`E_h \cos(2\pi c/h)`), so one difference :math:`|T(h) - T(2h)|` can be small by
+  accident: the coarse rule happens to be exact while the fine one is not (seen: 3.9e-11
+  accepted as 32 ulps). Two differences at consecutive phases cannot both be: with
+  :math:`\theta = \pi c/h`, :math:`|T(h)-T(2h)| \approx E_{2h}|\cos\theta|` and
+  :math:`|T(2h)-T(4h)| \approx E_{4h}|\cos(\theta/2)|`, and :math:`\max(|\cos\theta|,
+  |\cos(\theta/2)|) \ge 1/2`. So the error of T(h) is estimated as
+  :math:`\max(\rho_h |T(h)-T(2h)|,\ \rho_h\rho_{2h} |T(2h)-T(4h)|)/(1-\rho_h)`, doubled.
+  The gap is judged on log A (what is returned): :math:`d\log A/\log A = s\, d\log J` with
   :math:`s = \mathrm{sigmoid}(\ell)/\mathrm{softplus}(\ell) \le 1`, :math:`\ell = \log(\beta J)`.
   The integrand must also have decayed at the window edges.
   """
   sg = lax.stop_gradient
-  log_t, log_t_coarse, edge, h = sg(log_t), sg(log_t_coarse), sg(edge), sg(h)
+  log_t, log_t_coarse, log_t_coarser = sg(log_t), sg(log_t_coarse), sg(log_t_coarser)
+  edge, h = sg(edge), sg(h)
   log_j = log_t + sg(shift)  # sums are relative to the reference constant `shift`
   dtype = log_j.dtype
   eps = float(jnp.finfo(dtype).eps)
   s2 = sg(sigma * sigma)
-  log_rho = jnp.maximum(-math.pi ** 2 * s2 / h, -1.5 * math.pi ** 2 * s2 / (h * h))
+  log_rate = lambda step: jnp.maximum(-math.pi ** 2 * s2 / step, -1.5 * math.pi ** 2 * s2 / (step * step))
+  log_rho = log_rate(h)
   rho = jnp.exp(log_rho)
   beta = sg(alpha) - 1
   log_beta_j = jnp.log(jnp.where(beta > 0, beta, 1.0)) + log_j
   tiny_j = log_beta_j < -20
   lbj_safe = jnp.where(tiny_j, 0.0, log_beta_j)
   sensitivity = jnp.where(tiny_j | (beta <= 0), 1.0, jax.nn.sigmoid(lbj_safe) / _softplus(lbj_safe))
-  error = jnp.abs(log_t - log_t_coarse) * sensitivity * rho / (1 - rho)
+  gap = jnp.abs(log_t - log_t_coarse) * rho
+  gap_before = jnp.abs(log_t_coarse - log_t_coarser) * jnp.exp(log_rho + log_rate(2 * h))
+  # NaN (an -inf - -inf gap) counts as a failure below.
+  error = 2 * jnp.maximum(gap, gap_before) * sensitivity / (1 - rho)
   edge_ok = edge - log_t < math.log(eps) - 4
   return ~(error <= _ERROR_TOL_ULPS * eps) | ~edge_ok | ~jnp.isfinite(log_j)
 
@@ -413,22 +427,26 @@ def _first_level(place, q, sigma, alpha, with_grad):
   log_t, d_t = _sum_with_mean(v + end_weight, dv, axis=-1)
   log_t = log_t + log_h
   coarse = _logsumexp(v[..., ::2] + end_weight[::2], axis=-1) + log_h + math.log(2)
+  coarser = _logsumexp(v[..., ::4] + end_weight[::4], axis=-1) + log_h + math.log(4)
   first, last = v[..., 0] + log_h, v[..., -1] + log_h
   inner = jnp.where(merged, -jnp.inf, jnp.maximum(last[:, 0], first[:, 1]))  # shared midpoint is interior
   edge = jnp.maximum(jnp.maximum(first[:, 0], last[:, 1]), inner)
   total = jnp.logaddexp(log_t[:, 0], log_t[:, 1])
   shift = _reference_constant(m_ref, sigma)
   step = jnp.maximum(a1 - a0, b1 - b0) / _BLOCK
-  failed = _assess(total, jnp.logaddexp(coarse[:, 0], coarse[:, 1]), edge, shift, step, sigma, alpha)
-  return log_t, d_t, edge, failed
+  total_coarse = jnp.logaddexp(coarse[:, 0], coarse[:, 1])
+  failed = _assess(total, total_coarse, jnp.logaddexp(coarser[:, 0], coarser[:, 1]), edge, shift,
+                   step, sigma, alpha)
+  return log_t, d_t, edge, failed, total_coarse
 
 
-def _refine(place, q, sigma, alpha, log_t, d_t, edge, failed, with_grad):
+def _refine(place, q, sigma, alpha, log_t, d_t, edge, failed, total_coarse, with_grad):
   """Halve the step of the failed elements until certified or at the last level.
 
   One ``while_loop`` whose body evaluates one block of _BLOCK new midpoints per window for up
   to _REFINE_BATCH pending elements (compacted): level l (1.._LEVELS-1) takes 2^(l-1) blocks,
-  then T(h/2) = T(h)/2 + (h/2) sum(midpoints) is assessed against T(h). Static shapes, one
+  then T(h/2) = T(h)/2 + (h/2) sum(midpoints) is assessed against T(h) and T(2h)
+  (``total_coarse``: T(2h) of level 0). Static shapes, one
   copy of the integrand; the cost follows what the parameters demand. The per-element state
   is one packed matrix (one gather and one scatter per step: few kernels to compile).
   Returns (log_t, d_t, failed)."""
@@ -436,10 +454,12 @@ def _refine(place, q, sigma, alpha, log_t, d_t, edge, failed, with_grad):
   dtype = q.dtype
   batch = max(1, min(size, _REFINE_BATCH))
   a0, a1, b0, b1, _, m_ref = place
-  # Columns: a0 a1 b0 b1 m_ref q sigma alpha edge | level block failed | log_t(2) acc(2) | d_t(6) d_acc(6)
+  # Columns: a0 a1 b0 b1 m_ref q sigma alpha edge | level block failed older | log_t(2) acc(2) |
+  # d_t(6) d_acc(6); `older` is the total of the level before the current one.
   n_grad = 0 if d_t is None else 6
   fixed = jnp.stack([a0, a1, b0, b1, m_ref, q, sigma, alpha, edge], axis=-1)
-  counters = jnp.stack([jnp.ones_like(q), jnp.zeros_like(q), failed.astype(dtype)], axis=-1)
+  counters = jnp.stack([jnp.ones_like(q), jnp.zeros_like(q), failed.astype(dtype), total_coarse],
+                       axis=-1)
   sums = jnp.concatenate([log_t, jnp.full_like(log_t, -jnp.inf)], axis=-1)
   parts = [fixed, counters, sums]
   if d_t is not None:
@@ -453,11 +473,12 @@ def _refine(place, q, sigma, alpha, log_t, d_t, edge, failed, with_grad):
     idx = jnp.argsort(~pending, stable=True)[:batch]
     valid = pending[idx]
     rows = packed[idx]
-    a0_, a1_, b0_, b1_, m_ref_, q_, s_, a_, edge_, level, block, failed_ = (rows[:, i] for i in range(12))
-    old, acc = rows[:, 12:14], rows[:, 14:16]
+    a0_, a1_, b0_, b1_, m_ref_, q_, s_, a_, edge_, level, block, failed_, older = (
+        rows[:, i] for i in range(13))
+    old, acc = rows[:, 13:15], rows[:, 15:17]
     d_old = d_acc = None
     if n_grad:
-      d_old, d_acc = rows[:, 16:22].reshape(-1, 2, 3), rows[:, 22:28].reshape(-1, 2, 3)
+      d_old, d_acc = rows[:, 17:23].reshape(-1, 2, 3), rows[:, 23:29].reshape(-1, 2, 3)
     pl = (a0_, a1_, b0_, b1_, None, m_ref_)
     coarse_intervals = _BLOCK * jnp.exp2(level - 1)
     j = (_BLOCK * block)[:, None] + within
@@ -473,12 +494,13 @@ def _refine(place, q, sigma, alpha, log_t, d_t, edge, failed, with_grad):
     total_new = jnp.logaddexp(new[:, 0], new[:, 1])
     total_old = jnp.logaddexp(old[:, 0], old[:, 1])
     step = jnp.max(widths, axis=-1) / (2 * coarse_intervals)
-    still = _assess(total_new, total_old, edge_, _reference_constant(m_ref_, s_), step, s_, a_)
+    still = _assess(total_new, total_old, older, edge_, _reference_constant(m_ref_, s_), step, s_, a_)
     done = last_block & (~still | (level == _LEVELS - 1))
     col = last_block[:, None]
     out = [rows[:, :9],
            jnp.stack([jnp.where(last_block, level + 1, level), jnp.where(last_block, 0.0, block + 1),
-                      jnp.where(last_block, still.astype(dtype), failed_)], axis=-1),
+                      jnp.where(last_block, still.astype(dtype), failed_),
+                      jnp.where(last_block, total_old, older)], axis=-1),
            jnp.where(col, new, old), jnp.where(col, -jnp.inf, acc)]
     if n_grad:
       out += [jnp.where(col, d_new.reshape(-1, 6), d_old.reshape(-1, 6)),
@@ -488,8 +510,8 @@ def _refine(place, q, sigma, alpha, log_t, d_t, edge, failed, with_grad):
     return packed, pending.at[write].set(~done, mode="drop")
 
   packed, _ = lax.while_loop(lambda st: jnp.any(st[1]), body, (packed, failed))
-  d_t = packed[:, 16:22].reshape(size, 2, 3) if n_grad else None
-  return packed[:, 12:14], d_t, packed[:, 11] > 0
+  d_t = packed[:, 17:23].reshape(size, 2, 3) if n_grad else None
+  return packed[:, 13:15], d_t, packed[:, 11] > 0
 
 
 def _log_j_flat(q, sigma, alpha, with_grad):
@@ -507,16 +529,17 @@ def _log_j_flat(q, sigma, alpha, with_grad):
   place = _placement(q, sigma, alpha)
   first = lambda xs: _first_level(xs[0], *xs[1:], with_grad)
   if size <= _CHUNK:
-    log_t, d_t, edge, failed = first((place, q, sigma, alpha))
+    log_t, d_t, edge, failed, total_coarse = first((place, q, sigma, alpha))
   else:
     n_chunks = -(-size // _CHUNK)
     pad = n_chunks * _CHUNK - size
     chunk = lambda v: jnp.concatenate([v, jnp.broadcast_to(v[:1], (pad,) + v.shape[1:])]).reshape(
         (n_chunks, _CHUNK) + v.shape[1:])
     out = lax.map(first, jax.tree_util.tree_map(chunk, (place, q, sigma, alpha)))
-    log_t, d_t, edge, failed = jax.tree_util.tree_map(
+    log_t, d_t, edge, failed, total_coarse = jax.tree_util.tree_map(
         lambda v: v.reshape((-1,) + v.shape[2:])[:size], out)
-  log_t, d_t, failed = _refine(place, q, sigma, alpha, log_t, d_t, edge, failed, with_grad)
+  log_t, d_t, failed = _refine(place, q, sigma, alpha, log_t, d_t, edge, failed, total_coarse,
+                               with_grad)
   m_ref = place[-1]
   shift = _reference_constant(m_ref, sigma)
   total, d_total = _add_with_mean(log_t[:, 0], None if d_t is None else d_t[:, 0],

@@ -101,6 +101,45 @@ def test_huge_sigma_gives_the_tiny_value_not_inf():
   np.testing.assert_allclose(rdp, orders * 0.25 / (2 * sigma**2), rtol=1e-12)
 
 
+def _mpmath_log_a_integer(q, sigma, alpha):
+  """log A_alpha at an integer order by the exact binomial sum, 40 digits (MTZ 2019, Sec. 3.2)."""
+  import mpmath
+  with mpmath.workdps(40):
+    q_, s_ = mpmath.mpf(float(q)), mpmath.mpf(float(sigma))
+    a_minus_1 = mpmath.fsum(mpmath.binomial(alpha, k) * q_**k * (1 - q_)**(alpha - k)
+                            * mpmath.expm1(k * (k - 1) / (2 * s_**2)) for k in range(2, alpha + 1))
+    return float(mpmath.log1p(a_minus_1))
+
+
+def test_quadrature_certificate_is_not_fooled_by_the_phase_of_the_grid():
+  # At this point the 33-node rule happened to be ~exact on every second node, so
+  # |T(h) - T(2h)| was tiny while T(h) was off by 3.9e-11 relative, and the certificate
+  # accepted it. The quadrature (traced orders: log_a) now agrees with the exact sum; and on
+  # random points of the same region to the accuracy goal.
+  q, sigma = 0.00016329311176135195, 2.0724474613477297
+  value = float(jaxrdp.log_a(q, sigma, 53.0))
+  exact = _mpmath_log_a_integer(q, sigma, 53)
+  assert abs(value - exact) <= 1e-13 * exact, (value, exact)
+  rng = np.random.default_rng(11)
+  qs = np.exp(rng.uniform(np.log(5e-5), np.log(6e-4), 40))
+  sigmas = rng.uniform(1.8, 2.4, 40)
+  alphas = rng.integers(48, 61, 40)
+  values = np.asarray(jaxrdp.log_a(qs, sigmas, alphas.astype(float)))
+  exact = np.array([_mpmath_log_a_integer(*p) for p in zip(qs, sigmas, alphas)])
+  np.testing.assert_allclose(values, exact, rtol=F64_RTOL, atol=0)
+
+
+def test_compute_rdp_under_jit_uses_the_exact_sum():
+  # Under an outer jax.jit the orders, even a NumPy constant, are converted to a tracer; the
+  # split must be taken from the orders as given (this point differs by 3.9e-11 otherwise).
+  q, sigma, orders = 0.00016329311176135195, 2.0724474613477297, np.array([53.0])
+  eager = np.asarray(jaxrdp.compute_rdp(q, sigma, 1, orders))
+  jitted = np.asarray(jax.jit(lambda a, b: jaxrdp.compute_rdp(a, b, 1, orders))(q, sigma))
+  exact = _mpmath_log_a_integer(q, sigma, 53) / 52
+  np.testing.assert_allclose(eager, exact, rtol=1e-14)
+  np.testing.assert_allclose(jitted, exact, rtol=1e-14)
+
+
 def test_mixed_grid_keeps_the_order_of_its_entries():
   # Integer and fractional orders interleaved (and 1, inf): each entry equals the same order
   # computed alone.
