@@ -17,6 +17,11 @@ option and run directly, whatever transformation is being traced around them (th
 a concrete value there too); when an argument is a tracer (under ``jax.jit``, ``jax.vmap``
 or inside a derivative), they are plain ``jax.jit`` functions. Other backends (GPU, TPU) use
 XLA's defaults.
+
+The option trades run time for compile time, which is right for the queries a user waits on
+(one ε, one calibration). Where the arguments hold many elements (at least
+:data:`_RUN_TIME_ELEMENTS` in all), run time dominates instead, and the default emitters,
+which vectorise the shared-node quadrature ~2.5x better, are used.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import jax
 
 _CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 _CACHE_SIZE = 64   # compiled executables kept per entry point (least recently used dropped)
+_RUN_TIME_ELEMENTS = 2048   # from this many argument elements on, compile for run time
 
 
 def _leaf_key(leaf):
@@ -66,7 +72,8 @@ def jit(fun=None, *, static_argnames=()):
       if executable is not None:
         executables.move_to_end(key)
     if executable is None:
-      executable = with_options.lower(**arguments).compile()
+      heavy = sum(getattr(x, "size", 1) for x in leaves) >= _RUN_TIME_ELEMENTS
+      executable = (plain if heavy else with_options).lower(**arguments).compile()
       with lock:
         executables[key] = executable
         while len(executables) > _CACHE_SIZE:

@@ -6,6 +6,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxrdp import _compile
 from jaxrdp import _validation
@@ -49,21 +50,50 @@ def compute_rdp(q: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
     raise ValueError(f"orders must be a scalar or a 1-D array, got shape {orders.shape}.")
   # From the orders as given: under an outer jax.jit even a converted constant is a tracer,
   # and the split needs the concrete values.
-  split = sampled_gaussian.integer_order_split(given) if orders.ndim == 1 else None
-  return compute_rdp_unchecked(_validation.as_float_array(q), _validation.as_float_array(noise_multiplier),
-                               _validation.as_float_array(steps), orders, split)
+  split = sampled_gaussian.order_split(given) if orders.ndim == 1 else None
+  args = tuple(_validation.as_float_array(v) for v in (q, noise_multiplier, steps))
+  if split is None or not _validation.is_concrete(args):
+    return compute_rdp_unchecked(*args, orders, split)
+  # Concrete inputs: the orders the exact sums and shared nodes leave open (rarely any) are
+  # computed afterwards by the per-order quadrature, compiled only when some are open.
+  rdp, pending = compute_rdp_unchecked(*args, orders, split, fallback=False)
+  pending = np.asarray(pending)
+  if not pending.any():
+    return rdp
+  return _fill_pending(np.array(rdp), pending, *args, np.asarray(orders))
 
 
-@functools.partial(_compile.jit, static_argnames=("split",))
-def compute_rdp_unchecked(q, sigma, steps, orders, split=None):
+def _fill_pending(rdp, pending, q, sigma, steps, orders):
+  """rdp (NumPy, batch + (K,)) with its ``pending`` entries computed by the per-order
+  quadrature (one call; its size padded to a power of two, so few shapes compile)."""
+  index = np.nonzero(pending)
+  take = lambda v: np.broadcast_to(np.asarray(v)[..., None], rdp.shape)[index]
+  count = index[0].size
+  size = max(64, 1 << (count - 1).bit_length())
+  pad = lambda v, fill: np.concatenate([v, np.full(size - count, fill, v.dtype)])
+  values = sampled_gaussian.log_a_and_rdp(pad(take(q), 0.5), pad(take(sigma), 1.0),
+                                          pad(orders[index[-1]], 2.0))[1]
+  t = take(steps)
+  rdp[index] = np.where(t == 0, 0.0, t * np.asarray(values)[:count])
+  return jnp.asarray(rdp)
+
+
+@functools.partial(_compile.jit, static_argnames=("split", "fallback"))
+def compute_rdp_unchecked(q, sigma, steps, orders, split=None, fallback=True):
   """compute_rdp without argument checks (floating arrays; orders scalar or 1-D). ``split``:
-  :func:`jaxrdp.sampled_gaussian.integer_order_split` of the concrete orders (static), which
-  sends integer orders up to 64 to the exact binomial sum."""
+  :func:`jaxrdp.sampled_gaussian.order_split` of the concrete orders (static): integer
+  orders to the exact binomial sum, fractional ones to the shared-node quadrature.
+  ``fallback=False`` (with a split): also returns which entries still need the per-order
+  quadrature (see :func:`jaxrdp.sampled_gaussian.log_a_and_rdp_at_orders`)."""
   batch = jnp.broadcast_shapes(jnp.shape(q), jnp.shape(sigma), jnp.shape(steps))
   dtype = jnp.result_type(q, sigma, orders)
   q, sigma = (jnp.broadcast_to(v, batch).astype(dtype) for v in (q, sigma))
+  pending = None
   if orders.ndim == 1:
-    rdp = sampled_gaussian.log_a_and_rdp_at_orders(q, sigma, orders.astype(dtype), split)[1]
+    out = sampled_gaussian.log_a_and_rdp_at_orders(q, sigma, orders.astype(dtype), split,
+                                                   fallback=fallback or split is None)
+    rdp = out[1]
+    pending = out[2] if len(out) > 2 else None
   else:
     rdp = sampled_gaussian.log_a_and_rdp(q, sigma, orders)[1]
   expand = (Ellipsis,) + (None,) * orders.ndim
@@ -71,4 +101,5 @@ def compute_rdp_unchecked(q, sigma, steps, orders, split=None):
   # 0 steps spend nothing, even at orders where one step is infinite; under jit, negative or
   # NaN steps give NaN.
   out = jnp.where(t == 0, jnp.zeros_like(rdp), t * rdp)
-  return jnp.where(t >= 0, out, jnp.nan)
+  out = jnp.where(t >= 0, out, jnp.nan)
+  return out if pending is None else (out, pending)

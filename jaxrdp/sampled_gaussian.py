@@ -718,38 +718,63 @@ def _terms(q, sigma, alpha, log_j=None):
   return jnp.where(invalid, jnp.nan, log_a_out), jnp.where(invalid, jnp.nan, rdp_out)
 
 
-# --- integer orders: the exact binomial sum ------------------------------------------------
+# --- a concrete grid of orders: exact sums at integer orders, shared nodes at fractional ones ---
 
-_MAX_INTEGER_ORDER = 64      # integer orders up to this are summed exactly (O(alpha) terms)
+_MAX_INTEGER_ORDER = 4096    # integer orders up to this are summed exactly (O(alpha) terms)
+_SUM_BUCKETS = (64, 256, 1024, 4096)   # orders up to each are summed over k <= it
 _SUM_ELEMENTS = 1 << 22      # terms per step of the summation (bounds memory)
+_SHARED_MAX_ORDER = 64.0     # fractional orders up to this share one grid of nodes per group
+_SHARED_GROUP = 32           # orders per group (one window and one set of nodes per pair)
+_SHARED_SPAN = 4.0           # a group's orders lie in [a, max(2 a, a + _SHARED_SPAN)]
+_SHARED_INTERVALS = 128      # intervals of the shared grid
+_SHARED_ELEMENTS = 1 << 20   # (row, order, node) elements per step (bounds memory)
+_FALLBACK_BATCH = 256        # (pair, order) elements of the per-order quadrature per step
 
 
-@functools.lru_cache(maxsize=None)
-def _log_binomial_table(k_max: int):
-  """log C(a, k) for 0 <= k <= a <= k_max (float64, each entry correctly rounded: C(a, k) is
-  an exact integer), -inf for k > a. Row a, column k."""
-  table = np.full((k_max + 1, k_max + 1), -np.inf)
-  for a in range(k_max + 1):
-    for k in range(a + 1):
-      table[a, k] = math.log(math.comb(a, k))
-  return table
+class OrderSplit(tuple):
+  """Static description of a concrete 1-D order grid (hashable: a static jit argument).
+
+  ``sums``: tuples ``(positions, orders, k_max)`` of integer orders in [2, 4096], summed
+  exactly, one tuple per bucket of _SUM_BUCKETS (k_max: the bucket's end); ``shared``: tuples of
+  positions of fractional orders in (1, 64], ascending, each one group of the shared-node
+  quadrature. Every other position (1, inf, NaN, larger orders) goes to the per-order
+  quadrature."""
+
+  def __new__(cls, sums, shared):
+    return super().__new__(cls, (sums, shared))
+
+  @property
+  def sums(self):
+    return self[0]
+
+  @property
+  def shared(self):
+    return self[1]
 
 
-def integer_order_split(orders):
-  """Static description of which entries of a concrete 1-D order array are summed exactly:
-  ``(mask, k_max)`` with ``mask`` a tuple of booleans (integer orders in [2, 64]) and k_max a
-  power of two bounding them; None when ``orders`` is traced or has no such entry."""
+def order_split(orders):
+  """:class:`OrderSplit` of a concrete 1-D order array; None when ``orders`` is traced."""
   if isinstance(orders, jax.core.Tracer):
     return None
   a = np.asarray(orders, np.float64).reshape(-1)
   with np.errstate(invalid="ignore"):
-    mask = (a == np.round(a)) & (a >= 2) & (a <= _MAX_INTEGER_ORDER)
-  if not mask.any():
-    return None
-  k_max = 8
-  while k_max < a[mask].max():
-    k_max *= 2
-  return tuple(bool(m) for m in mask), k_max
+    integer = (a == np.round(a)) & (a >= 2) & (a <= _MAX_INTEGER_ORDER)
+    shared = (a > 1) & (a <= _SHARED_MAX_ORDER) & ~integer & np.isfinite(a)
+  sums = []
+  for lo, hi in zip((2,) + tuple(b + 1 for b in _SUM_BUCKETS[:-1]), _SUM_BUCKETS):
+    pos = np.nonzero(integer & (a >= lo) & (a <= hi))[0]
+    if pos.size:
+      sums.append((tuple(int(i) for i in pos), tuple(int(v) for v in a[pos]), hi))
+  groups, current = [], []
+  for i in np.nonzero(shared)[0][np.argsort(a[shared], kind="stable")]:
+    if current and (len(current) == _SHARED_GROUP
+                    or a[i] > max(2 * a[current[0]], a[current[0]] + _SHARED_SPAN)):
+      groups.append(tuple(current))
+      current = []
+    current.append(int(i))
+  if current:
+    groups.append(tuple(current))
+  return OrderSplit(tuple(sums), tuple(groups))
 
 
 def _log_expm1_of_square(k, sigma):
@@ -764,8 +789,8 @@ def _log_expm1_of_square(k, sigma):
   return jnp.where(tiny, log_c + c / 2, c_safe + jnp.log(-jnp.expm1(-c_safe)))
 
 
-def _log_j_integer(q, sigma, alpha, k_max):
-  r"""log J = log((A_α − 1)/(α − 1)) for integer orders 2 <= α <= k_max, exactly:
+def _log_j_integer(q, sigma, alpha, log_binom):
+  r"""log J = log((A_α − 1)/(α − 1)) for integer orders α >= 2, exactly:
 
   .. math:: A_\alpha - 1 = \sum_{k=2}^{\alpha} \binom{\alpha}{k} q^k (1-q)^{\alpha-k}
             \big(e^{k(k-1)/(2\sigma^2)} - 1\big),
@@ -773,61 +798,302 @@ def _log_j_integer(q, sigma, alpha, k_max):
   the binomial expansion of :math:`E_{\mu_0}[(1-q+qL)^\alpha]` with :math:`E_{\mu_0}[L^k] =
   e^{k(k-1)/(2\sigma^2)}` (Mironov, Talwar, Zhang 2019, Sec. 3.2) minus the same expansion of
   :math:`1 = (1-q+q)^\alpha`: a sum of non-negative terms, summed in log space, so nothing
-  cancels (float32 too). q, sigma: shape (n, 1), 0 < q < 1, sigma > 0; alpha: shape (m,).
-  Returns shape (n, m). The terms exp(c_k) - 1 depend on (sigma, k) only and the binomial
-  coefficients on (alpha, k) only: both are computed once and shared across orders / pairs.
+  cancels (float32 too). q, sigma: shape (n, 1), 0 < q < 1, sigma > 0; alpha: shape (m,);
+  log_binom: log C(α, k), shape (m, K+1), -inf unless 2 <= k <= α. Returns shape (n, m).
+  The terms exp(c_k) - 1 depend on (sigma, k) only and the binomial coefficients on (alpha,
+  k) only: both are computed once and shared across orders / pairs.
   """
   dtype = q.dtype
-  k = jnp.arange(k_max + 1, dtype=dtype)
-  log_binom = jnp.asarray(_log_binomial_table(k_max), dtype)[alpha.astype(jnp.int32)]  # (m, K)
-  summed = (k >= 2) & (k <= alpha[:, None])                                           # (m, K)
+  k = jnp.arange(log_binom.shape[1], dtype=dtype)
   log_expm1 = _log_expm1_of_square(jnp.maximum(k, 2.0), sigma)                        # (n, K)
   log_q, log1m_q = jnp.log(q), jnp.log1p(-q)
   per_pair = k * (log_q - log1m_q) + log_expm1                                       # (n, K)
   terms = log_binom[None] + per_pair[:, None, :] + (log1m_q * alpha[None, :])[..., None]
-  terms = jnp.where(summed[None], terms, -jnp.inf)
+  terms = jnp.where(jnp.isfinite(log_binom)[None], terms, -jnp.inf)
   top = lax.stop_gradient(jnp.max(terms, axis=-1, keepdims=True))
   log_a_minus_1 = jnp.log(jnp.sum(jnp.exp(terms - top), axis=-1)) + top[..., 0]
   return log_a_minus_1 - jnp.log(alpha - 1)
 
 
-def _integer_orders(q, sigma, alpha, k_max):
-  """(log A, RDP) of shape (n, m) for flat q, sigma (n,) and integer orders alpha (m,)."""
-  n, m = q.shape[0], alpha.shape[0]
-  rows = max(1, _SUM_ELEMENTS // (m * (k_max + 1)))
+@functools.lru_cache(maxsize=None)
+def _log_binomials(orders, k_max):
+  """log C(a, k) for each integer order a and 0 <= k <= k_max, -inf unless 2 <= k <= a
+  (float64, each entry correctly rounded: C(a, k) is an exact integer)."""
+  table = np.full((len(orders), k_max + 1), -np.inf)
+  for row, a in enumerate(orders):
+    c = a   # C(a, 1); then C(a, k + 1) = C(a, k) (a - k) / (k + 1), exactly in integers
+    for k in range(2, a + 1):
+      c = c * (a - k + 1) // k
+      table[row, k] = math.log(c)
+  table.flags.writeable = False
+  return table
+
+
+def _in_row_blocks(fn, rows, *arrays):
+  """fn(tuple of arrays) on blocks of ``rows`` leading entries (lax.map), outputs
+  concatenated: working memory of one block for any size."""
+  n = arrays[0].shape[0]
+  if n <= rows:
+    return fn(arrays)
+  n_blocks = -(-n // rows)
+  pad = n_blocks * rows - n
+  split = lambda v: jnp.concatenate([v, jnp.broadcast_to(v[:1], (pad,) + v.shape[1:])]).reshape(
+      (n_blocks, rows) + v.shape[1:])
+  out = lax.map(fn, tuple(split(v) for v in arrays))
+  return jax.tree_util.tree_map(lambda v: v.reshape((n_blocks * rows,) + v.shape[2:])[:n], out)
+
+
+def _integer_orders(q, sigma, alpha, orders, k_max):
+  """(log A, RDP) of shape (n, m) for flat q, sigma (n,) and the integer orders ``orders``
+  (static; their values are also in ``alpha``)."""
+  m = alpha.shape[0]
+  log_binom = jnp.asarray(_log_binomials(orders, k_max), q.dtype)
 
   def block(qs):
     q_, s_ = qs[0][:, None], qs[1][:, None]
     positive = (q_ > 0) & (q_ < 1) & (s_ > 0)
-    log_j = _log_j_integer(jnp.where(positive, q_, 0.5), jnp.where(positive, s_, 1.0), alpha, k_max)
+    log_j = _log_j_integer(jnp.where(positive, q_, 0.5), jnp.where(positive, s_, 1.0), alpha, log_binom)
     return _terms(q_, s_, alpha[None, :], log_j)
 
-  if n <= rows:
-    return block((q, sigma))
-  n_blocks = -(-n // rows)
-  pad = n_blocks * rows - n
-  split = lambda v: jnp.concatenate([v, jnp.broadcast_to(v[:1], (pad,))]).reshape(n_blocks, rows)
-  out = lax.map(block, (split(q), split(sigma)))
-  return tuple(v.reshape(n_blocks * rows, m)[:n] for v in out)
+  return _in_row_blocks(block, max(1, _SUM_ELEMENTS // (m * (k_max + 1))), q, sigma)
 
 
-def log_a_and_rdp_at_orders(q, sigma, orders, split=None):
+def _grid_nodes(z, sigma, log_q, log1m_q, q):
+  """The order-independent part of the integrand at the nodes z (see :func:`_integrand`)."""
+  dtype = z.dtype
+  u = (2 * z - 1) / (2 * sigma * sigma)
+  is_zero = u == 0
+  u = jnp.where(is_zero, jnp.ones_like(u), u)
+  positive = u > 0
+  log_q1m = jnp.where(is_zero, -jnp.inf, log_q + jnp.log(-jnp.expm1(-jnp.abs(u))))
+  log_abs_x = log_q1m + jnp.maximum(u, 0)
+  ell_minus_u_big = log_q + _softplus(log1m_q - log_q - u)
+  ell_moderate = jnp.log1p(q * jnp.expm1(jnp.minimum(u, 1.0)))
+  big = u > 1
+  ell = jnp.where(big, u + ell_minus_u_big, ell_moderate)
+  abs_ell = jnp.abs(ell)
+  abs_ell = jnp.where(abs_ell > 0, abs_ell, jnp.finfo(dtype).tiny)
+  log_abs_ell = jnp.log(abs_ell)
+  x = jnp.exp(jnp.minimum(log_abs_x, math.log(_SERIES_RADIUS)))
+  # x < 0: N/P up to the factor exprel, (1 - |x|) |ell| / |x| = e^ell |ell| / |x| (<= 1).
+  ratio_neg = jnp.exp(jnp.minimum(ell, 0.0) + log_abs_ell - log_abs_x)
+  return dict(z=z, positive=positive, log_q1m=log_q1m, log_abs_x=log_abs_x, ell=ell,
+              ell_minus_u=jnp.where(big, ell_minus_u_big, ell_moderate - u), abs_ell=abs_ell,
+              log_abs_ell=log_abs_ell, x=jnp.where(positive, x, -x), ratio_neg=ratio_neg)
+
+
+def _grid_terms(nodes, sigma, alpha, m_ref):
+  r"""The integrand of :func:`_integrand` at shared nodes, as exponent and multiplier:
+  :math:`\varphi_\sigma(z) g_\alpha(x) = \sqrt{2\pi}\sigma\,
+  e^{m_{ref}(m_{ref}-1)/(2\sigma^2)}\, e^{e}\, \mathrm{mult}` with ``mult`` >= 0 of order
+  one. The same branches and local powers m as :func:`_integrand` (series with m = 2 or 0;
+  P - N with m = alpha or 0), written so that each (node, order) costs two exponentials and
+  one expm1 (the logarithms are per node): for x > 0, mult = exprel(-beta ell) -
+  x e^{-alpha ell}/ell; for x < 0, mult = 1 - (1-|x|)|ell| exprel(-beta|ell|)/|x|; in the
+  series region mult is the series' sum. ``m_ref``: the reference power (broadcasts)."""
+  z, positive = nodes["z"], nodes["positive"]
+  dtype = z.dtype
+  s2 = sigma * sigma
+  beta = alpha - 1
+  x_small = jnp.minimum(jnp.asarray(_SERIES_RADIUS, dtype), 0.5 / alpha)
+  log_x_small = jnp.log(x_small)
+  small = nodes["log_abs_x"] <= log_x_small
+  relative = lambda m: (m - m_ref) * (m + m_ref - 1) / (2 * s2)
+  # Series: g = (alpha/2) x^2 sum_j c_j x^j, Horner in the clipped x.
+  m_series = jnp.where(positive, 2.0, 0.0).astype(dtype)
+  e_series = (jnp.log(alpha / 2) + 2 * jnp.minimum(nodes["log_q1m"], log_x_small)
+              - (z - m_series) ** 2 / (2 * s2) + relative(m_series))
+  coefficients = [jnp.ones_like(alpha)]
+  for j in range(_SERIES_TERMS):
+    coefficients.append(coefficients[-1] * ((alpha - (2 + j)) / (j + 3)))
+  x = jnp.clip(nodes["x"], -x_small, x_small)
+  series = coefficients[-1]
+  for c in coefficients[-2::-1]:
+    series = c + x * series
+  # Direct: exprel(-beta |ell|), shared by both signs of x.
+  abs_ell = jnp.where(small, 1.0, nodes["abs_ell"])
+  t = -beta * abs_ell
+  exprel = jnp.expm1(t) / t
+  ell, ell_minus_u, log_abs_ell = nodes["ell"], nodes["ell_minus_u"], nodes["log_abs_ell"]
+  size_alpha = jnp.maximum(jnp.maximum(alpha * alpha, (z - alpha) ** 2) / (2 * s2),
+                           jnp.abs(alpha * ell_minus_u))
+  size_zero = jnp.maximum(z * z / (2 * s2), jnp.abs(alpha * ell))
+  e_pos = jnp.where(size_alpha < size_zero,
+                    relative(alpha) + alpha * ell_minus_u - (z - alpha) ** 2 / (2 * s2),
+                    relative(0.0) + alpha * ell - z * z / (2 * s2)) + log_abs_ell
+  mult_pos = exprel - jnp.exp(jnp.minimum(nodes["log_abs_x"] - alpha * ell - log_abs_ell, 0.0))
+  e_neg = relative(0.0) - z * z / (2 * s2) + nodes["log_abs_x"]
+  mult_neg = 1 - nodes["ratio_neg"] * exprel
+  e = jnp.where(small, e_series, jnp.where(positive, e_pos, e_neg))
+  mult = jnp.where(small, series, jnp.where(positive, mult_pos, mult_neg))
+  return e, jnp.maximum(mult, 0.0)
+
+
+def _log_j_shared(q, sigma, alphas):
+  r"""log J (r, g) on rows: flat generic q, sigma (r,), each row with its own ascending orders
+  ``alphas`` (r, g), all evaluated on one grid of _SHARED_INTERVALS + 1 nodes per row;
+  +inf where a value cannot be certified.
+
+  The window is the union of the per-order windows (:func:`_placement`) of the row's smallest
+  and largest order: the bumps move right with the order, and the certificate checks every
+  order's own decay at the window's edges anyway. The order-independent part of the
+  integrand (all its logarithms) is computed once per node (:func:`_grid_nodes`), the rest
+  per (node, order) (:func:`_grid_terms`), summed in linear space relative to the peak of
+  each order's terms. Certification per (row, order) as in the per-order kernel
+  (:func:`_assess` with T(h), T(2h), T(4h) of the same nodes)."""
+  r, g = alphas.shape
+  dtype = q.dtype
+  sg = lax.stop_gradient
+  q, sigma, alphas = sg(q), sg(sigma), sg(alphas)
+  ends = jnp.stack([alphas[:, 0], alphas[:, -1]], axis=-1).reshape(-1)
+  a0, _, _, b1, _, _ = _placement(jnp.repeat(q, 2), jnp.repeat(sigma, 2), ends)
+  lo, hi = jnp.min(a0.reshape(r, 2), axis=1), jnp.max(b1.reshape(r, 2), axis=1)
+  h = (hi - lo) / _SHARED_INTERVALS
+  i = jnp.arange(_SHARED_INTERVALS + 1, dtype=dtype)
+  ex = lambda v: v[:, None, None]
+  nodes = _grid_nodes(ex(lo) + ex(h) * i, ex(sigma), ex(jnp.log(q)), ex(jnp.log1p(-q)), ex(q))
+  alpha = alphas[..., None]
+  s2 = ex(sigma * sigma)
+  # Reference power: of m in {0, 2, alpha}, the one whose constant m(m-1)/(2 s^2) is nearest
+  # the peak, so that the dominant terms are summed relative to their own constant. The peak
+  # is located on every fourth node: it only sets the scale of the sums (the log integrand
+  # changes by well under a nat between those nodes), so this costs a quarter of a pass.
+  e_abs, _ = _grid_terms({k: v[..., ::4] for k, v in nodes.items()}, ex(sigma), alpha,
+                         jnp.zeros_like(alpha))
+  peak = jnp.max(e_abs, axis=-1, keepdims=True)
+  candidates = jnp.stack(jnp.broadcast_arrays(jnp.zeros_like(peak), jnp.full_like(peak, 2.0), alpha), -1)
+  distance = jnp.abs(peak[..., None] - candidates * (candidates - 1) / (2 * s2[..., None]))
+  m_ref = jnp.take_along_axis(candidates, jnp.argmin(distance, axis=-1)[..., None], axis=-1)[..., 0]
+  ref = jnp.where(jnp.isfinite(peak), peak - m_ref * (m_ref - 1) / (2 * s2), 0.0)
+  e, mult = _grid_terms(nodes, ex(sigma), alpha, m_ref)
+  values = jnp.exp(jnp.maximum(e - ref, _exp_floor(dtype))) * mult
+  weight = jnp.where((i == 0) | (i == _SHARED_INTERVALS), 0.5, 1.0).astype(dtype)
+  base = ref[..., 0] + (jnp.log(h) - jnp.log(sigma) - 0.5 * math.log(2 * math.pi))[:, None]
+  rule = lambda every: jnp.log(jnp.sum(values[..., ::every] * weight[::every], axis=-1)) + base + math.log(every)
+  log_t = rule(1)
+  edge = jnp.log(jnp.maximum(values[..., 0], values[..., -1])) + base
+  shift = _reference_constant(m_ref[..., 0], sigma[:, None])
+  failed = _assess(log_t, rule(2), rule(4), edge, shift, jnp.broadcast_to(h[:, None], (r, g)),
+                   sigma[:, None], alphas)
+  return jnp.where(failed, jnp.inf, log_t + shift)
+
+
+def _quadrature_values(q, sigma, alphas, groups, fallback):
+  """log J (n, m) for flat generic q, sigma (n,) and orders ``alphas`` (m,): the orders of
+  ``groups`` (static tuples of positions) on shared nodes, then, with ``fallback``, the
+  per-order kernel (:func:`_log_j`) wherever a value is not certified and at every other
+  order, on compacted batches of _FALLBACK_BATCH elements (static shapes; nothing runs when
+  nothing is left). Without ``fallback`` those values are left +inf."""
+  n, m = q.shape[0], alphas.shape[0]
+  log_j = jnp.full((n, m), jnp.inf, q.dtype)
+  if groups:
+    # One row per (pair, group), every group padded to _SHARED_GROUP with its last order.
+    index = np.array([g + (g[-1],) * (_SHARED_GROUP - len(g)) for g in groups])
+    n_groups = len(groups)
+    rows = max(1, _SHARED_ELEMENTS // (_SHARED_GROUP * (_SHARED_INTERVALS + 1)))
+    shared = _in_row_blocks(lambda xs: _log_j_shared(*xs), rows, jnp.repeat(q, n_groups),
+                            jnp.repeat(sigma, n_groups), jnp.tile(alphas[index], (n, 1)))
+    shared = shared.reshape(n, n_groups, _SHARED_GROUP)
+    positions = np.concatenate([np.asarray(g) for g in groups])
+    group_of = np.concatenate([np.full(len(g), k) for k, g in enumerate(groups)])
+    slot_of = np.concatenate([np.arange(len(g)) for g in groups])
+    log_j = log_j.at[:, positions].set(shared[:, group_of, slot_of])
+  if not fallback:
+    return log_j
+  size = n * m
+  batch = min(size, _FALLBACK_BATCH)
+  q_all, s_all, a_all = (jnp.broadcast_to(v, (n, m)).reshape(-1)
+                         for v in (q[:, None], sigma[:, None], alphas[None, :]))
+
+  def body(state):
+    log_j, pending = state
+    idx = jnp.nonzero(pending, size=batch, fill_value=size)[0]
+    take = jnp.minimum(idx, size - 1)
+    value = _KERNEL(q_all[take], s_all[take], a_all[take])
+    return log_j.at[idx].set(value, mode="drop"), pending.at[idx].set(False, mode="drop")
+
+  log_j = log_j.reshape(-1)
+  log_j, _ = lax.while_loop(lambda st: jnp.any(st[1]), body, (log_j, ~jnp.isfinite(log_j)))
+  return log_j.reshape(n, m)
+
+
+@functools.lru_cache(maxsize=None)
+def _quadrature_kernel(groups, fallback):
+  """_quadrature_values for one static ``groups``, with a batching rule that flattens a
+  vmapped batch of pairs into the same flat computation (vmap = arrays)."""
+  @jax.custom_batching.custom_vmap
+  def kernel(q, sigma, alphas):
+    return _quadrature_values(q, sigma, alphas, groups, fallback)
+
+  @kernel.def_vmap
+  def _rule(axis_size, in_batched, q, sigma, alphas):
+    if in_batched[2]:   # orders that differ along the batch: no flattening
+      fn = lambda q_, s_, a_: _quadrature_values(q_, s_, a_, groups, fallback)
+      axes = tuple(0 if b else None for b in in_batched)
+      return jax.vmap(fn, in_axes=axes)(q, sigma, alphas), True
+    q, sigma = (x if b else jnp.broadcast_to(x, (axis_size,) + x.shape)
+                for x, b in zip((q, sigma), in_batched[:2]))
+    out = kernel(q.reshape(-1), sigma.reshape(-1), alphas)
+    return out.reshape(q.shape + out.shape[-1:]), True
+
+  return kernel
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
+def _log_j_orders(q, sigma, alphas, groups, fallback):
+  """log J (n, m) of flat generic q, sigma (n,) at the orders ``alphas`` (m,); +inf only where
+  even the per-order kernel cannot certify a value (without ``fallback``: wherever the
+  shared nodes did not)."""
+  return _quadrature_kernel(groups, fallback)(q, sigma, alphas)
+
+
+@_log_j_orders.defjvp
+def _log_j_orders_jvp(groups, fallback, primals, tangents):
+  # Value and derivatives from the per-order kernel, which accumulates the derivatives on its
+  # own nodes (the derivative of a shared-node value is not needed anywhere else).
+  n, m = primals[0].shape[0], primals[2].shape[0]
+  flat = lambda vs: [jnp.broadcast_to(v, (n, m)).reshape(-1)
+                     for v in (vs[0][:, None], vs[1][:, None], vs[2][None, :])]
+  value, tangent = jax.jvp(_log_j, flat(primals), flat(tangents))
+  return value.reshape(n, m), tangent.reshape(n, m)
+
+
+def log_a_and_rdp_at_orders(q, sigma, orders, split=None, fallback=True):
   """(log A, RDP) of shape ``q.shape + orders.shape`` for q, sigma of one (batch) shape and a
-  1-D array of orders, without argument checks. ``split`` (from :func:`integer_order_split`
-  on the concrete orders, static) sends the integer orders up to 64 to the exact binomial
-  sum, the others to the quadrature."""
+  1-D array of orders, without argument checks. ``split`` (:func:`order_split` of the
+  concrete orders, static) sends integer orders up to 4096 to the exact binomial sum and
+  groups of fractional orders up to 64 to the shared-node quadrature, the others to the
+  per-order quadrature; without it every order goes to the per-order quadrature.
+
+  ``fallback=False`` (with a split) leaves out the per-order quadrature and returns a third
+  output, the elements that need it (their log A and RDP are +inf meanwhile): a caller with
+  concrete inputs computes those few afterwards (:func:`log_a_and_rdp`) and compiles the
+  per-order kernel only when there are any."""
   if split is None:
     return _log_a_and_rdp_jit(q[..., None], sigma[..., None], orders)
-  mask, k_max = split
-  mask = np.asarray(mask)
-  whole, rest = np.nonzero(mask)[0], np.nonzero(~mask)[0]
   batch = q.shape
   qf, sf = q.reshape(-1), sigma.reshape(-1)
   dtype = jnp.result_type(qf, sf, orders)
   qf, sf, orders = qf.astype(dtype), sf.astype(dtype), orders.astype(dtype)
-  parts = [_integer_orders(qf, sf, orders[whole], k_max)]
+  parts, placed = [], []
+  no_pending = lambda shape: jnp.zeros(shape, bool)
+  for positions, values, k_max in split.sums:
+    parts.append(_integer_orders(qf, sf, orders[np.asarray(positions)], values, k_max)
+                 + (no_pending((qf.shape[0], len(positions))),))
+    placed.extend(positions)
+  rest = np.setdiff1d(np.arange(orders.shape[0]), np.asarray(placed, int))
   if rest.size:
-    parts.append(_log_a_and_rdp_jit(qf[:, None], sf[:, None], orders[rest]))
-  inverse = np.argsort(np.concatenate([whole, rest]))
-  return tuple(jnp.concatenate(vs, axis=-1)[:, inverse].reshape(batch + orders.shape)
-               for vs in zip(*parts))
+    alphas = orders[rest]
+    where_rest = {int(p): k for k, p in enumerate(rest)}
+    groups = tuple(tuple(where_rest[p] for p in g) for g in split.shared)
+    generic = (qf > 0) & (qf < 1) & (sf > 0)
+    usable = jnp.isfinite(alphas) & (alphas >= 1)
+    log_j = _log_j_orders(jnp.where(generic, qf, 0.5), jnp.where(generic, sf, 1.0),
+                          jnp.where(usable, alphas, 2.0), groups, fallback)
+    pending = generic[:, None] & usable[None, :] & ~jnp.isfinite(log_j)
+    parts.append(_terms(qf[:, None], sf[:, None], alphas[None, :], log_j) + (pending,))
+    placed.extend(int(p) for p in rest)
+  inverse = np.argsort(np.asarray(placed))
+  out = tuple(jnp.concatenate(vs, axis=-1)[:, inverse].reshape(batch + orders.shape)
+              for vs in zip(*parts))
+  return out if not fallback else out[:2]

@@ -51,7 +51,7 @@ from jax.sharding import Mesh, PartitionSpec
 from jaxrdp import _validation
 from jaxrdp.accounting import _calibrate_sigma, _orders
 from jaxrdp.conversion import compute_epsilon
-from jaxrdp.sampled_gaussian import integer_order_split, log_a_and_rdp_at_orders
+from jaxrdp.sampled_gaussian import log_a_and_rdp_at_orders, order_split
 
 _AXIS = "grid"
 # Items (pairs or searches) are evaluated in blocks of a fixed number, lax.map'ed over a device's
@@ -128,7 +128,7 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
   combo_d = _pad(np.tile(delta, t.size), size, 0.5).reshape(combo_shape)
   combo_width = per_call * _COMBO_BLOCK
 
-  split = integer_order_split(grid)
+  split = order_split(grid)
   per_step_fn, epsilon_fn = _per_step_rdp_fn(mesh, block, split), _epsilon_fn(mesh, block)
   out = np.empty((n_pairs, n_combos), dtype)
 
@@ -244,7 +244,7 @@ def _sharded(local, mesh, n_sharded, n_replicated):
 @functools.lru_cache(maxsize=None)
 def _per_step_rdp_fn(mesh, block, split):
   """(pairs,), (pairs,), (K,) -> per-step RDP (pairs, K); each device on its share of pairs.
-  ``split``: integer_order_split of the grid (its integer orders up to 64 are summed exactly)."""
+  ``split``: order_split of the grid (exact sums at integer orders, shared nodes at fractional)."""
   def local(q, sigma, grid):
     one_block = lambda q, s: log_a_and_rdp_at_orders(q, s, grid, split)[1]
     return _in_blocks(one_block, block, q, sigma)

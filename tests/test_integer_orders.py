@@ -35,10 +35,17 @@ def _log_a_by_compute_rdp(q, sigma, alpha):
   return rdp[np.arange(len(alpha)), column].astype(np.float64) * (alpha - 1)
 
 
-def test_the_split_sends_integer_orders_up_to_64_to_the_sum():
-  split = sampled_gaussian.integer_order_split(np.array([1.0, 1.5, 2.0, 3.0, 64.0, 65.0, np.inf]))
-  assert split == ((False, False, True, True, True, False, False), 64)
-  assert sampled_gaussian.integer_order_split(np.array([1.5, 128.0])) is None
+def test_the_split_of_a_grid():
+  orders = np.array([1.0, 1.5, 2.0, 3.0, 64.0, 65.0, np.inf, 1.25, 70.5, 1024.0, 2048.0, 9.5])
+  split = sampled_gaussian.order_split(orders)
+  # Integer orders up to 4096 summed exactly, in buckets of the number of terms; fractional
+  # orders in (1, 64] in ascending groups; 1, inf and 70.5 go to the per-order quadrature.
+  assert split.sums == (((2, 3, 4), (2, 3, 64), 64), ((5,), (65,), 256), ((9,), (1024,), 1024),
+                        ((10,), (2048,), 4096))
+  assert split.shared == ((7, 1), (11,))
+  seen = []   # traced orders cannot be split
+  jax.jit(lambda o: seen.append(sampled_gaussian.order_split(o)) or o)(jnp.ones(2))
+  assert seen == [None]
 
 
 def test_float64_matches_mpmath_at_integer_orders(log_a_reference):
@@ -148,3 +155,79 @@ def test_mixed_grid_keeps_the_order_of_its_entries():
   alone = np.array([float(jaxrdp.compute_rdp(0.02, 1.3, 10, np.array([a]))[0]) for a in orders])
   np.testing.assert_allclose(grid, alone, rtol=1e-14)
   assert np.isinf(grid[5]) and grid[2] > 0
+
+
+# --- fractional orders of a concrete grid: the shared-node quadrature ---------------------
+
+def _fractional_points(r):
+  a = r["alpha"]
+  keep = (a != np.round(a)) & (a > 1) & (a <= 64) & (r["q"] > 0) & (r["q"] < 1)
+  return {k: v[keep] for k, v in r.items()}
+
+
+def _shared_only(q, sigma, alpha):
+  """log A at each point from the shared nodes alone (no per-order fallback), and whether the
+  shared nodes certified it."""
+  orders = np.unique(alpha)
+  split = sampled_gaussian.order_split(orders)
+  log_a, _, pending = sampled_gaussian.log_a_and_rdp_at_orders(
+      jnp.asarray(q), jnp.asarray(sigma), jnp.asarray(orders.astype(np.asarray(q).dtype)), split,
+      fallback=False)
+  column = np.searchsorted(orders, alpha)
+  rows = np.arange(len(alpha))
+  return np.asarray(log_a)[rows, column].astype(np.float64), ~np.asarray(pending)[rows, column]
+
+
+def test_shared_nodes_match_mpmath_at_fractional_orders(log_a_reference):
+  r = _fractional_points(log_a_reference)
+  assert len(r["q"]) > 100
+  value, certified = _shared_only(r["q"], r["sigma"], r["alpha"])
+  assert certified.mean() > 0.8, certified.mean()
+  err = np.abs(value[certified] - r["log_a"][certified]) / np.abs(r["log_a"][certified])
+  assert err.max() <= F64_RTOL, err.max()
+  assert np.all(value[certified] >= r["log_a"][certified] * (1 - 128 * np.finfo(np.float64).eps))
+  # Through compute_rdp (the per-order kernel fills what the shared nodes leave open).
+  whole = _log_a_by_compute_rdp(r["q"], r["sigma"], r["alpha"])
+  err = np.abs(whole - r["log_a"]) / np.abs(r["log_a"])
+  assert err.max() <= F64_RTOL, err.max()
+
+
+def test_shared_nodes_float32_match_mpmath(log_a_reference_float32):
+  r = _fractional_points(log_a_reference_float32)
+  normal = (r["log_a"] >= np.finfo(np.float32).tiny) & (r["log_a"] <= np.finfo(np.float32).max)
+  r = {k: v[normal] for k, v in r.items()}
+  assert len(r["q"]) > 100
+  value, certified = _shared_only(r["q"].astype(np.float32), r["sigma"].astype(np.float32), r["alpha"])
+  assert certified.mean() > 0.5, certified.mean()
+  err = np.abs(value[certified] - r["log_a"][certified]) / r["log_a"][certified]
+  assert err.max() <= F32_RTOL, err.max()
+
+
+def test_open_entries_are_filled_the_same_eagerly_under_jit_and_under_vmap():
+  # Small sigma: the shared nodes leave many entries open; 1, inf and 70.5 always are. Eager
+  # calls fill them on the host, jitted and vmapped calls inside the graph: same values.
+  orders = np.array([1.0, 1.3, 2.0, 2.7, 5.5, 9.9, 33.3, 70.5, np.inf, 128.0])
+  q = np.array([0.3, 0.01, 1e-4, 0.5])
+  sigma = np.array([0.25, 0.35, 0.6, 0.3])
+  eager = np.asarray(jaxrdp.compute_rdp(q, sigma, 1, orders))
+  split = sampled_gaussian.order_split(orders)
+  pending = np.asarray(sampled_gaussian.log_a_and_rdp_at_orders(
+      jnp.asarray(q), jnp.asarray(sigma), jnp.asarray(orders), split, fallback=False)[2])
+  assert pending[:, [0, 7]].all() and pending.sum() > 8   # the fallback is exercised
+  jitted = np.asarray(jax.jit(lambda a, b: jaxrdp.compute_rdp(a, b, 1, orders))(q, sigma))
+  mapped = np.asarray(jax.jit(jax.vmap(lambda a, b: jaxrdp.compute_rdp(a, b, 1, orders)))(q, sigma))
+  per_order = np.asarray(jaxrdp.rdp_sampled_gaussian(q[:, None], sigma[:, None], orders[None, :]))
+  for got in (eager, jitted, mapped):
+    assert np.array_equal(np.isfinite(got), np.isfinite(per_order))
+    finite = np.isfinite(per_order)
+    np.testing.assert_allclose(got[finite], per_order[finite], rtol=1e-12)
+  np.testing.assert_allclose(jitted, mapped, rtol=1e-14)
+
+
+def test_gradients_through_the_shared_nodes_match_the_per_order_kernel():
+  orders = np.array([1.5, 2.5, 7.25])
+  f = lambda q, s: jnp.sum(jaxrdp.compute_rdp(q, s, 100, orders))
+  g = lambda q, s: jnp.sum(100 * jaxrdp.rdp_sampled_gaussian(q, s, orders))
+  for q, s in ((0.01, 1.1), (0.3, 2.0)):
+    np.testing.assert_allclose(jax.grad(f, argnums=(0, 1))(q, s), jax.grad(g, argnums=(0, 1))(q, s),
+                               rtol=1e-10)
