@@ -60,22 +60,8 @@ def compute_rdp(q: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
   pending = np.asarray(pending)
   if not pending.any():
     return rdp
-  return _fill_pending(np.array(rdp), pending, *args, np.asarray(orders))
-
-
-def _fill_pending(rdp, pending, q, sigma, steps, orders):
-  """rdp (NumPy, batch + (K,)) with its ``pending`` entries computed by the per-order
-  quadrature (one call; its size padded to a power of two, so few shapes compile)."""
-  index = np.nonzero(pending)
-  take = lambda v: np.broadcast_to(np.asarray(v)[..., None], rdp.shape)[index]
-  count = index[0].size
-  size = max(64, 1 << (count - 1).bit_length())
-  pad = lambda v, fill: np.concatenate([v, np.full(size - count, fill, v.dtype)])
-  values = sampled_gaussian.log_a_and_rdp(pad(take(q), 0.5), pad(take(sigma), 1.0),
-                                          pad(orders[index[-1]], 2.0))[1]
-  t = take(steps)
-  rdp[index] = np.where(t == 0, 0.0, t * np.asarray(values)[:count])
-  return jnp.asarray(rdp)
+  q, sigma, steps = args
+  return sampled_gaussian.fill_pending(rdp, pending, q, sigma, orders, steps)
 
 
 @functools.partial(_compile.jit, static_argnames=("split", "fallback"))

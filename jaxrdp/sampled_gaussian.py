@@ -1097,3 +1097,21 @@ def log_a_and_rdp_at_orders(q, sigma, orders, split=None, fallback=True):
   out = tuple(jnp.concatenate(vs, axis=-1)[:, inverse].reshape(batch + orders.shape)
               for vs in zip(*parts))
   return out if not fallback else out[:2]
+
+
+def fill_pending(rdp, pending, q, sigma, orders, steps=1.0):
+  """``rdp`` (batch + (K,), T steps) with its ``pending`` entries (from
+  :func:`log_a_and_rdp_at_orders` with ``fallback=False``) computed by the per-order
+  quadrature, on the host's concrete values: one call, its size padded to a power of two so
+  that few shapes compile. q, sigma, steps broadcast to the batch; orders: (K,)."""
+  rdp = np.array(rdp)
+  index = np.nonzero(pending)
+  take = lambda v: np.broadcast_to(np.asarray(v)[..., None], rdp.shape)[index]
+  count = index[0].size
+  size = max(64, 1 << (count - 1).bit_length())
+  pad = lambda v, fill: np.concatenate([v, np.full(size - count, fill, v.dtype)])
+  values = log_a_and_rdp(pad(take(q), 0.5), pad(take(sigma), 1.0),
+                         pad(np.asarray(orders)[index[-1]], 2.0))[1]
+  t = take(steps)
+  rdp[index] = np.where(t == 0, 0.0, t * np.asarray(values)[:count])
+  return jnp.asarray(rdp)

