@@ -23,8 +23,10 @@ How it is computed (one kernel for integer and fractional orders, any float dtyp
   integrand has at most three bumps (near 0, near 2, and the right mode of
   :math:`z = \alpha p(z)`, :math:`p = qL/(1-q+qL)`), so nodes are placed in two windows found
   by bracketed bisection (:func:`_placement`).
-* Every result is certified: the error of the rule is estimated from its difference with the
-  rule on every second node and the known convergence rate (:func:`_assess`), and the
+* Every result is certified: the error of the rule is estimated from its differences with
+  the rules on every second and every fourth node and the known convergence rate
+  (:func:`_assess`: two grid phases, so that a coarse rule that is exact by accident cannot
+  vouch for the fine one), and the
   integrand must have decayed at the window edges. Elements that fail get twice the nodes
   (only the new midpoints are evaluated, only for those elements), up to 257 per window; a
   result that still fails is returned as ``+inf`` (a valid, if useless, upper bound), never as
@@ -39,6 +41,13 @@ and once inside the refinement loop, whose body refines any level one block of m
 time (static shapes). The kernel works on flat arrays; under :func:`jax.vmap` a batching rule
 (:func:`jax.custom_batching.custom_vmap`) flattens the batch into the same flat kernel, so
 ``vmap(f)(q, sigma)`` runs exactly the code of ``f(q_array, sigma_array)``.
+
+A concrete grid of orders (:func:`log_a_and_rdp_at_orders`, used by ``compute_rdp`` and
+``sweep``) is cheaper: integer orders up to 4096 are the exact binomial sum
+(:func:`_log_j_integer`), and fractional orders up to 64 share one grid of nodes per (q, sigma)
+and group of orders (:func:`_log_j_shared`: the logarithms of the integrand once per node,
+two exponentials and one expm1 per (node, order)), certified per order in the same way; the
+per-order kernel above computes whatever is left.
 """
 
 from __future__ import annotations
