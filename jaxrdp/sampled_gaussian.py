@@ -527,26 +527,13 @@ def _log_j_flat(q, sigma, alpha, with_grad):
   """log J = log((A_alpha - 1)/(alpha - 1)) on flat arrays of generic parameters (0 < q < 1,
   sigma > 0, 1 <= alpha < inf), +inf where it cannot be certified; with ``with_grad`` also
   d log J / d(q, sigma, alpha), shape (n, 3), on the same nodes."""
-  size = q.shape[0]
-  if size > _BATCH:
+  if q.shape[0] > _BATCH:
     # The whole pipeline one batch at a time: working memory of one batch for any size.
-    n_batches = -(-size // _BATCH)
-    pad = n_batches * _BATCH - size
-    split = lambda v: jnp.concatenate([v, jnp.broadcast_to(v[:1], (pad,))]).reshape(n_batches, _BATCH)
-    out = lax.map(lambda xs: _log_j_flat(*xs, with_grad), (split(q), split(sigma), split(alpha)))
-    return jax.tree_util.tree_map(lambda v: v.reshape((-1,) + v.shape[2:])[:size], out)
+    return _in_row_blocks(lambda xs: _log_j_flat(*xs, with_grad), _BATCH, q, sigma, alpha)
   place = _placement(q, sigma, alpha)
-  first = lambda xs: _first_level(xs[0], *xs[1:], with_grad)
-  if size <= _CHUNK:
-    log_t, d_t, edge, failed, total_coarse = first((place, q, sigma, alpha))
-  else:
-    n_chunks = -(-size // _CHUNK)
-    pad = n_chunks * _CHUNK - size
-    chunk = lambda v: jnp.concatenate([v, jnp.broadcast_to(v[:1], (pad,) + v.shape[1:])]).reshape(
-        (n_chunks, _CHUNK) + v.shape[1:])
-    out = lax.map(first, jax.tree_util.tree_map(chunk, (place, q, sigma, alpha)))
-    log_t, d_t, edge, failed, total_coarse = jax.tree_util.tree_map(
-        lambda v: v.reshape((-1,) + v.shape[2:])[:size], out)
+  # The first level in chunks: its (n, 2, nodes) arrays stay small.
+  log_t, d_t, edge, failed, total_coarse = _in_row_blocks(
+      lambda xs: _first_level(xs[:6], *xs[6:], with_grad), _CHUNK, *place, q, sigma, alpha)
   log_t, d_t, failed = _refine(place, q, sigma, alpha, log_t, d_t, edge, failed, total_coarse,
                                with_grad)
   m_ref = place[-1]

@@ -142,9 +142,21 @@ def test_epsilon_delta_round_trip(q, sigma, steps, log10_delta):
     assert float(delta2) == pytest.approx(delta, rel=1e-6)
 
 
+def test_float32_margin_covers_the_worst_float32_rdp_seen():
+  # q = 2.0e-7, sigma = 5.76, alpha = 1024 (float32-exact inputs): float32 RDP is 5.6e-4
+  # (exact sum) and 7.3e-4 (per-order quadrature) below float64, more than the 5e-4 margin
+  # used before; the margin now covers it.
+  from jaxrdp import conversion
+  q, sigma, order = np.float32(2.036286e-07), np.float32(5.763365), np.float32(1024.0)
+  r64 = float(jaxrdp.rdp_sampled_gaussian(np.float64(q), np.float64(sigma), np.float64(order)))
+  for r32 in (jaxrdp.rdp_sampled_gaussian(q, sigma, order),
+              jaxrdp.compute_rdp(q, sigma, 1, np.array([order]))[0]):
+    assert float(r32) * (1 + conversion._RDP_REL_ERROR_FLOAT32) >= r64
+
+
 def test_float32_epsilon_is_never_below_float64():
   # Rounding must not lower epsilon: float32 results sit above the float64 ones (by at most
-  # the float32 safety margin on the RDP, 5e-4, plus its error).
+  # the float32 safety margin on the RDP, 2e-3, plus its error).
   rng = np.random.default_rng(5)
   n = 200
   q = (10 ** rng.uniform(-5, 0, n)).astype(np.float32)
@@ -159,4 +171,4 @@ def test_float32_epsilon_is_never_below_float64():
   finite = np.isfinite(eps64) & (eps64 > 0)
   assert finite.sum() > 150
   assert np.all(eps32[finite] >= eps64[finite])
-  assert np.all(eps32[finite] <= eps64[finite] * (1 + 1e-3))
+  assert np.all(eps32[finite] <= eps64[finite] * (1 + 3e-3))

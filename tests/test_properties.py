@@ -151,7 +151,7 @@ def test_float32_rdp_is_within_the_conversion_margin_and_epsilon_never_below_flo
   eps32, eps64 = np.asarray(eps32, np.float64), np.asarray(eps64)
   # float32 RDP is raised by its margin before converting: its ε is never below float64's.
   assert np.all(eps32 >= eps64)
-  assert np.all(eps32 <= eps64 * (1 + 1e-3))
+  assert np.all(eps32 <= eps64 * (1 + 3e-3))
 
 
 # --- conversions: round trip and safe side --------------------------------------------------------
