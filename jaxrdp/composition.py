@@ -51,12 +51,13 @@ def compute_rdp(q: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
   # From the orders as given: under an outer jax.jit even a converted constant is a tracer,
   # and the split needs the concrete values.
   split = sampled_gaussian.order_split(given) if orders.ndim == 1 else None
+  tables = sampled_gaussian.order_tables(given, split)
   args = tuple(_validation.as_float_array(v) for v in (q, noise_multiplier, steps))
   if split is None or not _validation.is_concrete(args):
-    return compute_rdp_unchecked(*args, orders, split)
+    return compute_rdp_unchecked(*args, orders, split, tables)
   # Concrete inputs: the orders the exact sums and shared nodes leave open (rarely any) are
   # computed afterwards by the per-order quadrature, compiled only when some are open.
-  rdp, pending = compute_rdp_unchecked(*args, orders, split, fallback=False)
+  rdp, pending = compute_rdp_unchecked(*args, orders, split, tables, fallback=False)
   pending = np.asarray(pending)
   if not pending.any():
     return rdp
@@ -65,10 +66,11 @@ def compute_rdp(q: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
 
 
 @functools.partial(_compile.jit, static_argnames=("split", "fallback"))
-def compute_rdp_unchecked(q, sigma, steps, orders, split=None, fallback=True):
+def compute_rdp_unchecked(q, sigma, steps, orders, split=None, tables=None, fallback=True):
   """compute_rdp without argument checks (floating arrays; orders scalar or 1-D). ``split``:
   :func:`jaxrdp.sampled_gaussian.order_split` of the concrete orders (static): integer
-  orders to the exact binomial sum, fractional ones to the shared-node quadrature.
+  orders to the exact binomial sum (``tables``: their
+  :func:`jaxrdp.sampled_gaussian.order_tables`), fractional ones to the shared-node quadrature.
   ``fallback=False`` (with a split): also returns which entries still need the per-order
   quadrature (see :func:`jaxrdp.sampled_gaussian.log_a_and_rdp_at_orders`)."""
   batch = jnp.broadcast_shapes(jnp.shape(q), jnp.shape(sigma), jnp.shape(steps))
@@ -76,7 +78,7 @@ def compute_rdp_unchecked(q, sigma, steps, orders, split=None, fallback=True):
   q, sigma = (jnp.broadcast_to(v, batch).astype(dtype) for v in (q, sigma))
   pending = None
   if orders.ndim == 1:
-    out = sampled_gaussian.log_a_and_rdp_at_orders(q, sigma, orders.astype(dtype), split,
+    out = sampled_gaussian.log_a_and_rdp_at_orders(q, sigma, orders.astype(dtype), split, tables,
                                                    fallback=fallback or split is None)
     rdp = out[1]
     pending = out[2] if len(out) > 2 else None

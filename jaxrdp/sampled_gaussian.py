@@ -730,8 +730,9 @@ _FALLBACK_BATCH = 256        # (pair, order) elements of the per-order quadratur
 class OrderSplit(tuple):
   """Static description of a concrete 1-D order grid (hashable: a static jit argument).
 
-  ``sums``: tuples ``(positions, orders, k_max)`` of integer orders in [2, 4096], summed
-  exactly, one tuple per bucket of _SUM_BUCKETS (k_max: the bucket's end); ``shared``: tuples of
+  ``sums``: tuples ``(positions, k_max)`` of integer orders in [2, 4096], summed exactly,
+  one tuple per bucket of _SUM_BUCKETS (k_max: the bucket's end; the orders' values stay
+  dynamic, with their binomial coefficients from :func:`order_tables`); ``shared``: tuples of
   positions of fractional orders in (1, 64], ascending, each one group of the shared-node
   quadrature. Every other position (1, inf, NaN, larger orders) goes to the per-order
   quadrature."""
@@ -760,7 +761,7 @@ def order_split(orders):
   for lo, hi in zip((2,) + tuple(b + 1 for b in _SUM_BUCKETS[:-1]), _SUM_BUCKETS):
     pos = np.nonzero(integer & (a >= lo) & (a <= hi))[0]
     if pos.size:
-      sums.append((tuple(int(i) for i in pos), tuple(int(v) for v in a[pos]), hi))
+      sums.append((tuple(int(i) for i in pos), hi))
   groups, current = [], []
   for i in np.nonzero(shared)[0][np.argsort(a[shared], kind="stable")]:
     if current and (len(current) == _SHARED_GROUP
@@ -771,6 +772,17 @@ def order_split(orders):
   if current:
     groups.append(tuple(current))
   return OrderSplit(tuple(sums), tuple(groups))
+
+
+def order_tables(orders, split):
+  """The log-binomial tables of the exact sums of :func:`order_split` (one float64 array per
+  bucket, (orders in it, k_max + 1)), from the concrete ``orders``; None without a split.
+  Passed as an argument, so that grids with the same split share one compiled program."""
+  if split is None:
+    return None
+  a = np.asarray(orders, np.float64).reshape(-1)
+  return tuple(_log_binomials(tuple(int(v) for v in a[np.asarray(pos)]), k_max)
+               for pos, k_max in split.sums)
 
 
 def _log_expm1_of_square(k, sigma):
@@ -839,11 +851,11 @@ def _in_row_blocks(fn, rows, *arrays):
   return jax.tree_util.tree_map(lambda v: v.reshape((n_blocks * rows,) + v.shape[2:])[:n], out)
 
 
-def _integer_orders(q, sigma, alpha, orders, k_max):
-  """(log A, RDP) of shape (n, m) for flat q, sigma (n,) and the integer orders ``orders``
-  (static; their values are also in ``alpha``)."""
-  m = alpha.shape[0]
-  log_binom = jnp.asarray(_log_binomials(orders, k_max), q.dtype)
+def _integer_orders(q, sigma, alpha, log_binom):
+  """(log A, RDP) of shape (n, m) for flat q, sigma (n,) and integer orders ``alpha`` (m,),
+  with their log-binomial table ``log_binom`` (m, k_max + 1) from :func:`order_tables`."""
+  m, k_max = alpha.shape[0], log_binom.shape[1] - 1
+  log_binom = log_binom.astype(q.dtype)
 
   def block(qs):
     q_, s_ = qs[0][:, None], qs[1][:, None]
@@ -1054,12 +1066,13 @@ def _log_j_orders_jvp(groups, fallback, primals, tangents):
   return value.reshape(n, m), tangent.reshape(n, m)
 
 
-def log_a_and_rdp_at_orders(q, sigma, orders, split=None, fallback=True):
+def log_a_and_rdp_at_orders(q, sigma, orders, split=None, tables=None, fallback=True):
   """(log A, RDP) of shape ``q.shape + orders.shape`` for q, sigma of one (batch) shape and a
   1-D array of orders, without argument checks. ``split`` (:func:`order_split` of the
   concrete orders, static) sends integer orders up to 4096 to the exact binomial sum and
   groups of fractional orders up to 64 to the shared-node quadrature, the others to the
-  per-order quadrature; without it every order goes to the per-order quadrature.
+  per-order quadrature; without it every order goes to the per-order quadrature. ``tables``:
+  :func:`order_tables` of the same orders and split.
 
   ``fallback=False`` (with a split) leaves out the per-order quadrature and returns a third
   output, the elements that need it (their log A and RDP are +inf meanwhile): a caller with
@@ -1073,8 +1086,8 @@ def log_a_and_rdp_at_orders(q, sigma, orders, split=None, fallback=True):
   qf, sf, orders = qf.astype(dtype), sf.astype(dtype), orders.astype(dtype)
   parts, placed = [], []
   no_pending = lambda shape: jnp.zeros(shape, bool)
-  for positions, values, k_max in split.sums:
-    parts.append(_integer_orders(qf, sf, orders[np.asarray(positions)], values, k_max)
+  for (positions, _), table in zip(split.sums, tables):
+    parts.append(_integer_orders(qf, sf, orders[np.asarray(positions)], jnp.asarray(table))
                  + (no_pending((qf.shape[0], len(positions))),))
     placed.extend(positions)
   rest = np.setdiff1d(np.arange(orders.shape[0]), np.asarray(placed, int))

@@ -51,7 +51,7 @@ from jax.sharding import Mesh, PartitionSpec
 from jaxrdp import _validation
 from jaxrdp.accounting import _calibrate_sigma, _orders
 from jaxrdp.conversion import compute_epsilon
-from jaxrdp.sampled_gaussian import fill_pending, log_a_and_rdp_at_orders, order_split
+from jaxrdp.sampled_gaussian import fill_pending, log_a_and_rdp_at_orders, order_split, order_tables
 
 _AXIS = "grid"
 # Items (pairs or searches) are evaluated in blocks of a fixed number, lax.map'ed over a device's
@@ -129,6 +129,7 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
   combo_width = per_call * _COMBO_BLOCK
 
   split = order_split(grid)
+  tables = order_tables(grid, split)
   per_step_fn, epsilon_fn = _per_step_rdp_fn(mesh, block, split), _epsilon_fn(mesh, block)
   out = np.empty((n_pairs, n_combos), dtype)
 
@@ -138,7 +139,7 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
       # Padding pairs (q = 0, σ = 1) are exact special cases of the kernel: no refinement.
       qc = _pad(q[idx // sigma.size], chunk, 0.0)
       sc = _pad(sigma[idx % sigma.size], chunk, 1.0)
-      rdp, pending = per_step_fn(qc, sc, grid)   # reused by every (T, δ) call of this chunk
+      rdp, pending = per_step_fn(qc, sc, grid, tables)   # reused by every (T, δ) call of this chunk
       pending = np.asarray(pending)
       if pending.any():   # rare: the per-order quadrature, compiled only when needed
         rdp = fill_pending(rdp, pending, qc, sc, grid)
@@ -246,14 +247,14 @@ def _sharded(local, mesh, n_sharded, n_replicated):
 
 @functools.lru_cache(maxsize=None)
 def _per_step_rdp_fn(mesh, block, split):
-  """(pairs,), (pairs,), (K,) -> per-step RDP (pairs, K) and the entries still to compute
+  """(pairs,), (pairs,), (K,), tables -> per-step RDP (pairs, K) and the entries still to compute
   by the per-order quadrature (see :func:`jaxrdp.sampled_gaussian.fill_pending`); each device
   on its share of pairs. ``split``: order_split of the grid (exact sums at integer orders,
   shared nodes at fractional ones)."""
-  def local(q, sigma, grid):
-    one_block = lambda q, s: log_a_and_rdp_at_orders(q, s, grid, split, fallback=False)[1:]
+  def local(q, sigma, grid, tables):
+    one_block = lambda q, s: log_a_and_rdp_at_orders(q, s, grid, split, tables, fallback=False)[1:]
     return _in_blocks(one_block, block, q, sigma)
-  return _sharded(local, mesh, 2, 1)
+  return _sharded(local, mesh, 2, 2)
 
 
 @functools.lru_cache(maxsize=None)

@@ -8,6 +8,8 @@ quadrature (an independent algorithm) on random points of the box q ∈ [1e-8, 0
 σ ∈ [0.2, 50].
 """
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -40,8 +42,13 @@ def test_the_split_of_a_grid():
   split = sampled_gaussian.order_split(orders)
   # Integer orders up to 4096 summed exactly, in buckets of the number of terms; fractional
   # orders in (1, 64] in ascending groups; 1, inf and 70.5 go to the per-order quadrature.
-  assert split.sums == (((2, 3, 4), (2, 3, 64), 64), ((5,), (65,), 256), ((9,), (1024,), 1024),
-                        ((10,), (2048,), 4096))
+  assert split.sums == (((2, 3, 4), 64), ((5,), 256), ((9,), 1024), ((10,), 4096))
+  # The orders' values are not part of the split (grids with the same structure share a
+  # compiled program); their binomial tables are an argument.
+  assert sampled_gaussian.order_split(orders + np.where(orders == 2.0, 1.0, 0.0)) == split
+  tables = sampled_gaussian.order_tables(orders, split)
+  assert [t.shape for t in tables] == [(3, 65), (1, 257), (1, 1025), (1, 4097)]
+  assert tables[0][2, 32] == math.log(math.comb(64, 32)) and np.isneginf(tables[0][0, 3])
   assert split.shared == ((7, 1), (11,))
   seen = []   # traced orders cannot be split
   jax.jit(lambda o: seen.append(sampled_gaussian.order_split(o)) or o)(jnp.ones(2))
@@ -170,9 +177,9 @@ def _shared_only(q, sigma, alpha):
   shared nodes certified it."""
   orders = np.unique(alpha)
   split = sampled_gaussian.order_split(orders)
-  log_a, _, pending = sampled_gaussian.log_a_and_rdp_at_orders(
-      jnp.asarray(q), jnp.asarray(sigma), jnp.asarray(orders.astype(np.asarray(q).dtype)), split,
-      fallback=False)
+  tables = sampled_gaussian.order_tables(orders, split)
+  log_a, _, pending = jax.jit(lambda a, b: sampled_gaussian.log_a_and_rdp_at_orders(
+      a, b, jnp.asarray(orders.astype(np.asarray(q).dtype)), split, tables, fallback=False))(q, sigma)
   column = np.searchsorted(orders, alpha)
   rows = np.arange(len(alpha))
   return np.asarray(log_a)[rows, column].astype(np.float64), ~np.asarray(pending)[rows, column]
@@ -211,8 +218,9 @@ def test_open_entries_are_filled_the_same_eagerly_and_under_jit_vmap():
   sigma = np.array([0.25, 0.35, 0.6, 0.3])
   eager = np.asarray(jaxrdp.compute_rdp(q, sigma, 1, orders))
   split = sampled_gaussian.order_split(orders)
-  pending = np.asarray(sampled_gaussian.log_a_and_rdp_at_orders(
-      jnp.asarray(q), jnp.asarray(sigma), jnp.asarray(orders), split, fallback=False)[2])
+  tables = sampled_gaussian.order_tables(orders, split)
+  pending = np.asarray(jax.jit(lambda a, b: sampled_gaussian.log_a_and_rdp_at_orders(
+      a, b, jnp.asarray(orders), split, tables, fallback=False)[2])(q, sigma))
   assert pending[:, [0, 7]].all() and pending.sum() > 8   # the fallback is exercised
   # Under jax.jit(jax.vmap): the fallback inside the graph (one compiled program; plain
   # jax.jit runs the same code without the batching rule).

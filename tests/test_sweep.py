@@ -78,12 +78,18 @@ def test_entries_left_open_by_the_shared_nodes_are_filled():
   q, sigma = np.array([0.3, 0.5, 0.01, 0.9]), np.array([0.25, 0.3, 0.35])
   from jaxrdp import sampled_gaussian
   split = sampled_gaussian.order_split(jaxrdp.DEFAULT_ORDERS)
-  pending = sampled_gaussian.log_a_and_rdp_at_orders(
-      jnp.asarray(np.repeat(q, 3)), jnp.asarray(np.tile(sigma, 4)), jnp.asarray(jaxrdp.DEFAULT_ORDERS),
-      split, fallback=False)[2]
+  tables = sampled_gaussian.order_tables(jaxrdp.DEFAULT_ORDERS, split)
+  pending = jax.jit(lambda a, b: sampled_gaussian.log_a_and_rdp_at_orders(
+      a, b, jnp.asarray(jaxrdp.DEFAULT_ORDERS), split, tables, fallback=False)[2])(
+          np.repeat(q, 3), np.tile(sigma, 4))
   assert np.asarray(pending).any()
   got = np.asarray(sweep(q, sigma, T, DELTA))
-  _assert_close_where_defined(got, _reference(q, sigma, T, DELTA))
+  # Reference: the per-order kernel at every order (no shared nodes), one vectorised call.
+  orders = jnp.asarray(jaxrdp.DEFAULT_ORDERS)
+  per_step = jaxrdp.rdp_sampled_gaussian(q[:, None, None], sigma[None, :, None], orders)
+  rdp = T[None, None, :, None, None] * per_step[:, :, None, None, :]
+  ref = np.asarray(jaxrdp.compute_epsilon(orders, rdp, DELTA[None, None, None, :])[0])
+  np.testing.assert_allclose(got, ref, rtol=1e-10)
   assert np.all(np.isfinite(got[:, :, 1:]))
 
 

@@ -42,7 +42,8 @@ SCRIPT = textwrap.dedent("""
     grid = module._order_grid(None, np.float64)
     block, chunk = module._layout(12, grid.size, None, module._CALL_BLOCKS, mesh)
     pairs = np.resize(axes["q"], chunk), np.resize(axes["sigma"], chunk)
-    rdp, _ = module._per_step_rdp_fn(mesh, block, module.order_split(grid))(*pairs, grid)
+    split = module.order_split(grid)
+    rdp, _ = module._per_step_rdp_fn(mesh, block, split)(*pairs, grid, module.order_tables(grid, split))
     print("RESULT " + json.dumps({
         "device_count": jax.device_count(), "x64": bool(jax.config.jax_enable_x64),
         "mesh_devices": int(mesh.devices.size), "block": block, "chunk": chunk,
