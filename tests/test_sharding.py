@@ -143,7 +143,7 @@ def test_default_float32_accountant_does_not_drift_over_1e5_steps(subprocess_out
   # ε of the exact composition of the float32 per-step values (converted in float32).
   eps_ref, _ = jaxrdp.compute_epsilon(orders32, (steps * step32).astype(np.float32), np.float32(1e-5))
   assert res["eps"] == pytest.approx(float(eps_ref), rel=1e-5)
-  # Never below the float64 value.
   orders = jaxrdp.DEFAULT_ORDERS
   eps64, _ = jaxrdp.compute_epsilon(orders, jaxrdp.compute_rdp(0.01, 1.1, steps, orders), 1e-5)
-  assert float(eps64) <= res["eps"] <= float(eps64) * (1 + 1e-3)
+  # Never below the float64 value; above it by at most the float32 RDP margin (2e-3) and rounding.
+  assert float(eps64) <= res["eps"] <= float(eps64) * (1 + 3e-3)
