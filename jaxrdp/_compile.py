@@ -19,9 +19,10 @@ or inside a derivative), they are plain ``jax.jit`` functions. Other backends (G
 XLA's defaults.
 
 The option trades run time for compile time, which is right for the queries a user waits on
-(one ε, one calibration). Where the arguments hold many elements (at least
-:data:`_RUN_TIME_ELEMENTS` in all), run time dominates instead, and the default emitters,
-which vectorise the shared-node quadrature ~2.5x better, are used.
+(one ε, one calibration). Where a call does much work (at least :data:`_RUN_TIME_ELEMENTS`
+elements: by default the arguments' elements in all, or the entry point's own ``work``
+estimate), run time dominates instead, and the default emitters, which vectorise the
+shared-node quadrature ~2.5x better, are used.
 """
 
 from __future__ import annotations
@@ -44,10 +45,11 @@ def _leaf_key(leaf):
   return jax.typeof(leaf), getattr(leaf, "sharding", None)
 
 
-def jit(fun=None, *, static_argnames=()):
-  """``jax.jit`` that compiles with :data:`_CPU_OPTIONS` on the CPU backend where it can."""
+def jit(fun=None, *, static_argnames=(), work=None):
+  """``jax.jit`` that compiles with :data:`_CPU_OPTIONS` on the CPU backend where it can.
+  ``work``: optional estimate of a call's work in elements, from its bound arguments (a dict)."""
   if fun is None:
-    return functools.partial(jit, static_argnames=static_argnames)
+    return functools.partial(jit, static_argnames=static_argnames, work=work)
   static_argnames = tuple(static_argnames)
   signature = inspect.signature(fun)
   plain = jax.jit(fun, static_argnames=static_argnames)
@@ -72,7 +74,8 @@ def jit(fun=None, *, static_argnames=()):
       if executable is not None:
         executables.move_to_end(key)
     if executable is None:
-      heavy = sum(getattr(x, "size", 1) for x in leaves) >= _RUN_TIME_ELEMENTS
+      size = work(arguments) if work else sum(getattr(x, "size", 1) for x in leaves)
+      heavy = size >= _RUN_TIME_ELEMENTS
       executable = (plain if heavy else with_options).lower(**arguments).compile()
       with lock:
         executables[key] = executable

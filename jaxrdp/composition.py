@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -65,7 +66,13 @@ def compute_rdp(q: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
   return sampled_gaussian.fill_pending(rdp, pending, q, sigma, orders, steps)
 
 
-@functools.partial(_compile.jit, static_argnames=("split", "fallback"))
+def _work(arguments):
+  """Elements of compute_rdp's output: the batch times the orders (not the tables)."""
+  shape = jnp.broadcast_shapes(*(jnp.shape(arguments[k]) for k in ("q", "sigma", "steps")))
+  return math.prod(shape) * jnp.size(arguments["orders"])
+
+
+@functools.partial(_compile.jit, static_argnames=("split", "fallback"), work=_work)
 def compute_rdp_unchecked(q, sigma, steps, orders, split=None, tables=None, fallback=True):
   """compute_rdp without argument checks (floating arrays; orders scalar or 1-D). ``split``:
   :func:`jaxrdp.sampled_gaussian.order_split` of the concrete orders (static): integer
