@@ -351,6 +351,48 @@ def _placement(q, sigma, alpha):
   return (a0, a1, b0, b1, merged, m_ref)
 
 
+def _shared_window(q, sigma, alpha):
+  """[lo, hi]: the span of the per-order windows of :func:`_placement` (window A's left end,
+  the larger of the right ends), for the shared-node quadrature. The same modes and widths,
+  but without the integrand's probes: the right tail's end is where the A-integrand bound F
+  falls ``depth`` nats below a lower bound of the (A - 1)-integrand's peak, from
+  :math:`g_\\alpha(x) \\ge \\tfrac{\\alpha}{2}x^2\\min(1, (1+x)^{\\alpha-2})` and
+  :math:`g_\\alpha(x) \\ge ((1+x)^\\alpha - 1 - \\alpha x)/(\\alpha - 1)` at the modes and at
+  z = 0, 2. A lower bound only widens the window; the certificate (edge decay, rule
+  differences) decides either way."""
+  dtype = q.dtype
+  log_q, log1m_q = jnp.log(q), jnp.log1p(-q)
+  s2 = sigma * sigma
+  z_left, w_left, z_right, w_right = _modes(log_q - log1m_q, sigma, alpha)
+  distinct = z_right - z_left > _HALF_WIDTH * (w_left + w_right)
+  w_low = jnp.where(z_left <= 2.0 + _HALF_WIDTH * w_left, w_left, sigma)
+  lo = jnp.minimum(0.0, jnp.where(distinct, z_left, 0.0)) - _HALF_WIDTH * w_low
+  hi_a = jnp.maximum(2.0, jnp.where(distinct, z_left, 2.0)) + _HALF_WIDTH * w_low
+  # log of the (A - 1)/(alpha - 1) integrand's lower bound at the probes (absolute scale).
+  z = jnp.stack([z_right, z_left, jnp.zeros_like(q), jnp.full_like(q, 2.0)], axis=-1)
+  ex = lambda v: v[..., None]
+  u = (2 * z - 1) / (2 * ex(s2))
+  ell_minus_u = ex(log_q) + _softplus(ex(log1m_q - log_q) - u)         # log(1+x) - u
+  ell = u + ell_minus_u
+  log_abs_x = ex(log_q) + jnp.maximum(u, 0) + jnp.log(-jnp.expm1(-jnp.maximum(jnp.abs(u), 1e-30)))
+  a = ex(alpha)
+  small = jnp.log(a / 2) + 2 * log_abs_x + jnp.minimum(0.0, (a - 2) * ell)
+  r = jnp.exp(jnp.minimum(jnp.log1p(a * jnp.exp(log_abs_x)) - a * ell, 0.0))
+  large = jnp.where(u > 0, a * ell + jnp.log1p(-jnp.minimum(r, 1 - 1e-7)) - jnp.log(a - 1), -jnp.inf)
+  log_norm = -jnp.log(sigma) - 0.5 * math.log(2 * math.pi)
+  ref = jnp.max(jnp.maximum(small, large) - z * z / (2 * ex(s2)), axis=-1) + log_norm
+  depth = 14.0 - math.log(float(jnp.finfo(dtype).eps))
+
+  def log_f(z):   # log of the A-integrand, phi(z) (1 - q + q L)^alpha, a bound of the above
+    ell_minus_u = log_q + _softplus(log1m_q - log_q - (2 * z - 1) / (2 * s2))
+    return (alpha * (alpha - 1) - (z - alpha) ** 2) / (2 * s2) + alpha * ell_minus_u + log_norm
+  z_top = jnp.maximum(2.0, z_right)
+  far = jnp.maximum(z_top, alpha) + 20 * sigma
+  tail_end = _bisect(lambda z: ref - depth - log_f(z), z_top, far, _TAIL_STEPS)
+  hi = jnp.maximum(hi_a, jnp.maximum(z_right + _HALF_WIDTH * w_right, tail_end))
+  return lo, hi
+
+
 def _assess(log_t, log_t_coarse, log_t_coarser, edge, shift, h, sigma, alpha):
   r"""True where the rule's result cannot be certified to _ERROR_TOL_ULPS ulps of log A.
 
@@ -851,19 +893,18 @@ def _in_row_blocks(fn, rows, *arrays):
   return jax.tree_util.tree_map(lambda v: v.reshape((n_blocks * rows,) + v.shape[2:])[:n], out)
 
 
-def _integer_orders(q, sigma, alpha, log_binom):
-  """(log A, RDP) of shape (n, m) for flat q, sigma (n,) and integer orders ``alpha`` (m,),
-  with their log-binomial table ``log_binom`` (m, k_max + 1) from :func:`order_tables`."""
-  m, k_max = alpha.shape[0], log_binom.shape[1] - 1
-  log_binom = log_binom.astype(q.dtype)
+def _integer_orders(q, sigma, alphas, tables):
+  """log J (n, m) for flat generic q, sigma (n,) at the integer orders of every bucket of the
+  split (``alphas``: one array per bucket, ``tables``: their log-binomial tables (m_b,
+  k_max + 1) from :func:`order_tables`), concatenated."""
+  tables = [t.astype(q.dtype) for t in tables]
 
   def block(qs):
     q_, s_ = qs[0][:, None], qs[1][:, None]
-    positive = (q_ > 0) & (q_ < 1) & (s_ > 0)
-    log_j = _log_j_integer(jnp.where(positive, q_, 0.5), jnp.where(positive, s_, 1.0), alpha, log_binom)
-    return _terms(q_, s_, alpha[None, :], log_j)
+    return jnp.concatenate([_log_j_integer(q_, s_, a, t) for a, t in zip(alphas, tables)], axis=-1)
 
-  return _in_row_blocks(block, max(1, _SUM_ELEMENTS // (m * (k_max + 1))), q, sigma)
+  terms = sum(t.shape[0] * t.shape[1] for t in tables)
+  return _in_row_blocks(block, max(1, _SUM_ELEMENTS // terms), q, sigma)
 
 
 def _grid_nodes(z, sigma, log_q, log1m_q, q):
@@ -942,7 +983,7 @@ def _log_j_shared(q, sigma, alphas):
   ``alphas`` (r, g), all evaluated on one grid of _SHARED_INTERVALS + 1 nodes per row;
   +inf where a value cannot be certified.
 
-  The window is the union of the per-order windows (:func:`_placement`) of the row's smallest
+  The window is the union of the per-order windows (:func:`_shared_window`) of the row's smallest
   and largest order: the bumps move right with the order, and the certificate checks every
   order's own decay at the window's edges anyway. The order-independent part of the
   integrand (all its logarithms) is computed once per node (:func:`_grid_nodes`), the rest
@@ -954,8 +995,8 @@ def _log_j_shared(q, sigma, alphas):
   sg = lax.stop_gradient
   q, sigma, alphas = sg(q), sg(sigma), sg(alphas)
   ends = jnp.stack([alphas[:, 0], alphas[:, -1]], axis=-1).reshape(-1)
-  a0, _, _, b1, _, _ = _placement(jnp.repeat(q, 2), jnp.repeat(sigma, 2), ends)
-  lo, hi = jnp.min(a0.reshape(r, 2), axis=1), jnp.max(b1.reshape(r, 2), axis=1)
+  lo, hi = _shared_window(jnp.repeat(q, 2), jnp.repeat(sigma, 2), ends)
+  lo, hi = jnp.min(lo.reshape(r, 2), axis=1), jnp.max(hi.reshape(r, 2), axis=1)
   h = (hi - lo) / _SHARED_INTERVALS
   i = jnp.arange(_SHARED_INTERVALS + 1, dtype=dtype)
   ex = lambda v: v[:, None, None]
@@ -1084,28 +1125,33 @@ def log_a_and_rdp_at_orders(q, sigma, orders, split=None, tables=None, fallback=
   qf, sf = q.reshape(-1), sigma.reshape(-1)
   dtype = jnp.result_type(qf, sf, orders)
   qf, sf, orders = qf.astype(dtype), sf.astype(dtype), orders.astype(dtype)
-  parts, placed = [], []
-  no_pending = lambda shape: jnp.zeros(shape, bool)
-  for (positions, _), table in zip(split.sums, tables):
-    parts.append(_integer_orders(qf, sf, orders[np.asarray(positions)], jnp.asarray(table))
-                 + (no_pending((qf.shape[0], len(positions))),))
-    placed.extend(positions)
+  generic = (qf > 0) & (qf < 1) & (sf > 0)
+  qg, sg_ = jnp.where(generic, qf, 0.5), jnp.where(generic, sf, 1.0)
+  # log J of every order at the generic stand-ins, then one _terms for the whole grid.
+  log_js, pendings, placed = [], [], []
+  if split.sums:
+    positions = [np.asarray(p) for p, _ in split.sums]
+    log_js.append(_integer_orders(qg, sg_, [orders[p] for p in positions], tables))
+    pendings.append(jnp.zeros((qf.shape[0], sum(p.size for p in positions)), bool))
+    placed.extend(int(i) for p in positions for i in p)
   rest = np.setdiff1d(np.arange(orders.shape[0]), np.asarray(placed, int))
   if rest.size:
     alphas = orders[rest]
     where_rest = {int(p): k for k, p in enumerate(rest)}
     groups = tuple(tuple(where_rest[p] for p in g) for g in split.shared)
-    generic = (qf > 0) & (qf < 1) & (sf > 0)
     usable = jnp.isfinite(alphas) & (alphas >= 1)
-    log_j = _log_j_orders(jnp.where(generic, qf, 0.5), jnp.where(generic, sf, 1.0),
-                          jnp.where(usable, alphas, 2.0), groups, fallback)
-    pending = generic[:, None] & usable[None, :] & ~jnp.isfinite(log_j)
-    parts.append(_terms(qf[:, None], sf[:, None], alphas[None, :], log_j) + (pending,))
+    log_j = _log_j_orders(qg, sg_, jnp.where(usable, alphas, 2.0), groups, fallback)
+    log_js.append(log_j)
+    pendings.append(generic[:, None] & usable[None, :] & ~jnp.isfinite(log_j))
     placed.extend(int(p) for p in rest)
   inverse = np.argsort(np.asarray(placed))
-  out = tuple(jnp.concatenate(vs, axis=-1)[:, inverse].reshape(batch + orders.shape)
-              for vs in zip(*parts))
-  return out if not fallback else out[:2]
+  log_j = jnp.concatenate(log_js, axis=-1)[:, inverse]
+  log_a, rdp = _terms(qf[:, None], sf[:, None], orders[None, :], log_j)
+  shape = batch + orders.shape
+  if fallback:
+    return log_a.reshape(shape), rdp.reshape(shape)
+  pending = jnp.concatenate(pendings, axis=-1)[:, inverse]
+  return log_a.reshape(shape), rdp.reshape(shape), pending.reshape(shape)
 
 
 def fill_pending(rdp, pending, q, sigma, orders, steps=1.0):
