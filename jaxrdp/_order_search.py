@@ -49,6 +49,32 @@ def _spread_rank(k: int) -> np.ndarray:
   return rank
 
 
+def bracket_of(orders, usable, best_alpha, xp=jnp):
+  """The refinement's starting bracket: the usable grid neighbours of the best order (below it,
+  1 + 1e-3 when none; above it, the order itself when none). ``xp``: jax.numpy in a graph,
+  numpy on the host (the same arithmetic)."""
+  below = xp.max(xp.where(usable & (orders < best_alpha), orders, -xp.inf))
+  above = xp.min(xp.where(usable & (orders > best_alpha), orders, xp.inf))
+  lo = xp.where(xp.isfinite(below), below, xp.minimum(best_alpha, 1 + 1e-3))
+  hi = xp.where(xp.isfinite(above), above, best_alpha)
+  return lo.astype(orders.dtype), hi.astype(orders.dtype)
+
+
+def refinement_orders(lo, hi, xp=jnp):
+  """The _BATCH equally spaced orders strictly inside the bracket [lo, hi]."""
+  fractions = xp.arange(1, _BATCH + 1, dtype=lo.dtype) / (_BATCH + 1)
+  return lo + (hi - lo) * fractions
+
+
+def refined_bracket(lo, hi, inside, eps_new, xp=jnp):
+  """The neighbours of the best of the orders ``inside`` (ε unimodal there, NaN counted as
+  +inf by the caller): the next bracket. The bracket's ends are not sampled again."""
+  pad = xp.full((1,), xp.inf, eps_new.dtype)
+  points = xp.concatenate([lo[None], inside, hi[None]])
+  j = xp.argmin(xp.concatenate([pad, eps_new, pad]))
+  return points[xp.maximum(j - 1, 0)], points[xp.minimum(j + 1, _BATCH + 1)]
+
+
 def grid_epsilon(composed_rdp, grid, delta, *, refine_steps=0, initial=None,
                  return_evaluations=False):
   """(ε, order): min over ``grid`` of the improved conversion of ``composed_rdp(orders)``,
@@ -107,19 +133,10 @@ def grid_epsilon(composed_rdp, grid, delta, *, refine_steps=0, initial=None,
     f_lb = jnp.maximum(jnp.maximum(from_left, from_right), jnp.maximum(mono, 0.0))
     return jnp.where(usable, f_lb / jnp.where(usable, a - 1, 1.0), 0.0)
 
-  def bracket(best_alpha):
-    """The grid neighbours of the best order (the refinement's starting bracket)."""
-    finite = usable & (idx > 0)
-    below = jnp.max(jnp.where(finite & (a < best_alpha), a, -jnp.inf))
-    above = jnp.min(jnp.where(finite & (a > best_alpha), a, jnp.inf))
-    lo = jnp.where(jnp.isfinite(below), below, jnp.minimum(best_alpha, 1 + 1e-3))
-    hi = jnp.where(jnp.isfinite(above), above, best_alpha)
-    return lo, hi
+  bracket = lambda best_alpha: bracket_of(a, usable, best_alpha)
 
   def refinable(best, best_alpha):
     return jnp.isfinite(best) & jnp.isfinite(best_alpha) & (best_alpha > 1) & jnp.any(usable)
-
-  fractions = jnp.arange(1, _BATCH + 1, dtype=dtype) / (_BATCH + 1)
 
   def body(state):
     r, known, best, best_alpha, step, lo, hi, refined, cand, bound = state
@@ -132,7 +149,7 @@ def grid_epsilon(composed_rdp, grid, delta, *, refine_steps=0, initial=None,
                     jnp.inf)
     _, pick = lax.top_k(-key, _BATCH)
     # Refinement: equally spaced orders strictly inside the bracket.
-    inside = lo + (hi - lo) * fractions
+    inside = refinement_orders(lo, hi)
     orders = jnp.where(searching, a[pick], inside)
     r_new = composed_rdp(orders)
     r = jnp.where(searching, r.at[pick].set(r_new), r)
@@ -148,10 +165,7 @@ def grid_epsilon(composed_rdp, grid, delta, *, refine_steps=0, initial=None,
     best = jnp.where(better, eps_new[i], best)
     best_alpha = jnp.where(better, orders[i], best_alpha)
     # The minimum of a unimodal function lies between the neighbours of the best sample.
-    points = jnp.concatenate([lo[None], inside, hi[None]])
-    pad = jnp.full((1,), jnp.inf, dtype)   # the bracket's ends are not sampled again
-    j = jnp.argmin(jnp.concatenate([pad, eps_new, pad]))
-    new_lo, new_hi = points[jnp.maximum(j - 1, 0)], points[jnp.minimum(j + 1, _BATCH + 1)]
+    new_lo, new_hi = refined_bracket(lo, hi, inside, eps_new)
     start_lo, start_hi = bracket(best_alpha)
     lo = jnp.where(searching, start_lo, new_lo)
     hi = jnp.where(searching, start_hi, new_hi)

@@ -27,6 +27,8 @@ import numpy as np
 from jaxrdp import _compile
 from jaxrdp import _validation
 from jaxrdp import composition
+from jaxrdp import sampled_gaussian
+from jaxrdp import _order_search
 from jaxrdp._order_search import grid_epsilon
 from jaxrdp.conversion import compute_epsilon, epsilon_at_orders
 from jaxrdp.orders import DEFAULT_ORDERS
@@ -119,8 +121,137 @@ def _dpsgd_epsilon(q, sigma, t, delta, grid, refine_order):
   taken eagerly (``jax.grad`` of this function) compiles two smaller graphs with the CPU
   option of :mod:`jaxrdp._compile` rather than one large graph without it."""
   sg = lax.stop_gradient
-  eps, best = _search_epsilon(sg(q), sg(sigma), sg(t), sg(delta), grid, refine_order)
+  found = _concrete_epsilon(sg(q), sg(sigma), sg(t), sg(delta), grid, refine_order)
+  if found is None:
+    found = _search_epsilon(sg(q), sg(sigma), sg(t), sg(delta), grid, refine_order)
+  eps, best = found
   return _envelope(eps, best, q, sigma, t, delta)
+
+
+def _with_slots(grid):
+  """(orders, split, tables) for a concrete grid: the grid followed by _BATCH slots for the
+  refinement's orders (placeholders here), with the split of the grid plus one shared-node
+  group for the slots; None for a traced grid. Every step of the search then evaluates the
+  same program: the grid and the slots together."""
+  split = sampled_gaussian.order_split(grid)
+  if split is None:
+    return None
+  k = grid.shape[0]
+  slots = tuple(range(k, k + _order_search._BATCH))
+  split = sampled_gaussian.OrderSplit(split.sums, split.shared + (slots,))
+  orders = np.concatenate([np.asarray(grid), np.linspace(1.5, 2.5, len(slots), dtype=grid.dtype)])
+  return orders, split, sampled_gaussian.order_tables(grid, split)
+
+
+def _work(arguments):
+  """Elements of one evaluation of the grid: phases times orders."""
+  return arguments["q"].size * arguments["orders"].size
+
+
+def _grid_values(q, sigma, t, delta, orders, split, tables, fallback):
+  """ε (NaN as +inf) at each of ``orders`` for the schedule, and which orders were left open
+  (only without ``fallback``, which leaves out the per-order quadrature)."""
+  out = composition.compute_rdp_unchecked(q, sigma, t, orders, split, tables, fallback=fallback)
+  rdp, pending = (out, jnp.zeros(out.shape, bool)) if fallback else out
+  eps = epsilon_at_orders(orders, jnp.sum(rdp, axis=0), delta)
+  return jnp.where(jnp.isnan(eps), jnp.inf, eps), jnp.any(pending, axis=0)
+
+
+@functools.partial(_compile.jit, static_argnames=("split",), work=_work)
+def _grid_epsilons(q, sigma, t, delta, orders, split, tables):
+  """:func:`_grid_values` without the per-order quadrature, compiled on its own."""
+  return _grid_values(q, sigma, t, delta, orders, split, tables, fallback=False)
+
+
+def _search_orders(state, orders, xp):
+  """The orders one step of the search evaluates: the grid and its slots, which hold the
+  refinement's orders after step 0. ``xp``: jax.numpy in a graph, numpy on the host."""
+  k = orders.shape[0] - _order_search._BATCH
+  inside = _order_search.refinement_orders(state[3], state[4], xp)
+  if xp is np:
+    slotted = orders.copy()
+    slotted[k:] = inside
+  else:
+    slotted = orders.at[k:].set(inside)
+  return xp.where(state[0] == 0, orders, slotted)
+
+
+def _search_update(state, eps, pending, orders, refine_steps, xp):
+  """The search's state after a step with ε ``eps`` and open flags ``pending`` at the orders
+  of :func:`_search_orders`. Step 0 takes the best grid order and brackets the refinement
+  between its grid neighbours; each later step keeps the best of the _BATCH refinement orders
+  and narrows the bracket (:mod:`jaxrdp._order_search`, the same rules as the branch-and-bound
+  search). ``state``: (step, best ε, its order, bracket lo, hi, open, go): ``open`` says a
+  value that could matter was left open, ``go`` that another step is due."""
+  step, best, best_alpha, lo, hi, is_open, _ = state
+  k = orders.shape[0] - _order_search._BATCH
+  grid = orders[:k]
+  usable = xp.isfinite(grid) & (grid > 1)
+  inside = _order_search.refinement_orders(lo, hi, xp)
+  i = xp.argmin(eps[:k])
+  eps_new = eps[k:]
+  j = xp.argmin(eps_new)
+  better = eps_new[j] < best
+  first = step == 0
+  best_alpha = xp.where(first, grid[i], xp.where(better, inside[j], best_alpha))
+  best = xp.where(first, eps[i], xp.where(better, eps_new[j], best))
+  start = _order_search.bracket_of(grid, usable, best_alpha, xp)
+  new = _order_search.refined_bracket(lo, hi, inside, eps_new, xp)
+  lo, hi = (xp.where(first, a, b) for a, b in zip(start, new))
+  is_open = is_open | xp.where(first, xp.any(pending[:k]), xp.any(pending[k:]))
+  refinable = xp.isfinite(best) & xp.isfinite(best_alpha) & (best_alpha > 1) & xp.any(usable)
+  return step + 1, best, best_alpha, lo, hi, is_open, (step < refine_steps) & refinable
+
+
+def _search_start(dtype):
+  one = np.ones((), dtype)
+  return (np.zeros((), np.int32), np.inf * one, np.nan * one, one, one, np.zeros((), bool),
+          np.ones((), bool))
+
+
+def _search_result(state, delta, xp):
+  _, eps, best, _, _, is_open, _ = state
+  found = xp.isfinite(best) & (best > 1) & xp.isfinite(eps)
+  eps = xp.where((delta > 0) & (delta < 1), eps, xp.nan).astype(best.dtype)
+  return eps, xp.where(found, best, xp.nan).astype(best.dtype), is_open
+
+
+@functools.partial(_compile.jit, static_argnames=("refine_steps", "split"), work=_work)
+def _grid_search(q, sigma, t, delta, orders, split, tables, refine_steps):
+  """(ε, its order) of :func:`_search_epsilon` on a concrete grid (``orders``, ``split``,
+  ``tables`` from :func:`_with_slots`), every step in one loop, with the per-order
+  quadrature for whatever the sums and shared nodes leave open."""
+  def step(state):
+    alphas = _search_orders(state, orders, jnp)
+    eps, pending = _grid_values(q, sigma, t, delta, alphas, split, tables, fallback=True)
+    return _search_update(state, eps, pending, orders, refine_steps, jnp)
+  state = jax.tree_util.tree_map(jnp.asarray, _search_start(orders.dtype))
+  return _search_result(lax.while_loop(lambda st: st[-1], step, state), delta, jnp)[:2]
+
+
+def _concrete_epsilon(q, sigma, t, delta, grid, refine_order):
+  """(ε, order) of :func:`_search_epsilon` where the grid is concrete (None otherwise): every
+  grid order is evaluated (the exact sums and shared nodes make that cheaper than the branch
+  and bound of the per-order quadrature), then the same refinement. For concrete inputs the
+  steps run from the host, each one call of one compiled program (:func:`_grid_epsilons`,
+  without the per-order quadrature: compiling a loop and the search's logic around the
+  kernel costs XLA ~0.3 s more); only when a value that could matter is left open (rare) is
+  the per-order quadrature compiled (:func:`_grid_search`), which also serves traced inputs."""
+  slotted = _with_slots(grid)
+  if slotted is None:
+    return None
+  orders, split, tables = slotted
+  steps = _REFINE_STEPS if refine_order and grid.shape[0] >= 2 else 0
+  if _validation.is_concrete((q, sigma, t, delta)):
+    state = _search_start(orders.dtype)
+    while state[-1]:
+      alphas = _search_orders(state, orders, np)
+      eps, pending = _grid_epsilons(q, sigma, t, delta, alphas, split, tables)
+      state = _search_update(state, np.asarray(eps), np.asarray(pending), orders, steps, np)
+    eps, best, is_open = _search_result(state, np.asarray(delta), np)
+    if not is_open:
+      return jnp.asarray(eps), jnp.asarray(best)
+  return _grid_search(q, sigma, t, delta, orders, split, tables, steps)
 
 
 @_compile.jit(static_argnames=("refine_order",))
