@@ -71,12 +71,18 @@ def _check_schedule(sampling_rate, noise_multiplier, steps, delta=_NO_DELTA):
 def _orders(orders, dtype):
   orders = DEFAULT_ORDERS if orders is None else orders
   _validation.check_range("orders", orders, lo=1.0, allow_inf=True)
-  return jnp.asarray(orders, dtype)
+  # A concrete grid stays a host array (also under an outer jax.jit, where a converted
+  # constant would be a tracer): its split into exact sums and shared nodes needs the values.
+  xp = np if _validation.is_concrete(orders) else jnp
+  grid = xp.asarray(orders, dtype)
+  if grid.ndim > 1:
+    raise ValueError(f"orders must be a 1-D array of orders (or a scalar), got shape {grid.shape}.")
+  return grid.reshape(-1)
 
 
 def _schedule_rdp(q, sigma, t, orders):
   """Σ_i T_i RDP_i at each order (orders of any shape)."""
-  rdp = composition.compute_rdp_unchecked(q, sigma, t, orders.reshape(-1))
+  rdp = composition.rdp_of_steps(q, sigma, t, orders.reshape(-1))
   return jnp.sum(rdp, axis=0).reshape(orders.shape)
 
 
@@ -151,7 +157,7 @@ def _work(arguments):
 def _grid_values(q, sigma, t, delta, orders, split, tables, fallback):
   """ε (NaN as +inf) at each of ``orders`` for the schedule, and which orders were left open
   (only without ``fallback``, which leaves out the per-order quadrature)."""
-  out = composition.compute_rdp_unchecked(q, sigma, t, orders, split, tables, fallback=fallback)
+  out = composition.rdp_of_steps(q, sigma, t, orders, split, tables, fallback=fallback)
   rdp, pending = (out, jnp.zeros(out.shape, bool)) if fallback else out
   eps = epsilon_at_orders(orders, jnp.sum(rdp, axis=0), delta)
   return jnp.where(jnp.isnan(eps), jnp.inf, eps), jnp.any(pending, axis=0)
@@ -280,9 +286,17 @@ def _envelope(eps, best, q, sigma, t, delta):
 def _envelope_jvp(primals, tangents):
   eps, best, *args = primals
   _, _, *dots = tangents
-  grads = _epsilon_gradient(best, *args)
-  tangent = sum(jnp.sum(g * d) for g, d in zip(grads, dots))
-  return eps, tangent.astype(eps.dtype)
+  grads = _concrete_gradient(best, *args)
+  if grads is None:
+    grads = _epsilon_gradient(best, *args)
+  return eps, _contract(tuple(grads), tuple(dots)).astype(eps.dtype)
+
+
+@jax.jit
+def _contract(grads, dots):
+  """Σ <gradient, tangent>: one compiled linear map (eagerly, its transpose under jax.grad is
+  one program too, instead of a dozen single operations each compiled on its own)."""
+  return sum(jnp.sum(g * d) for g, d in zip(grads, dots))
 
 
 @_compile.jit
@@ -298,6 +312,42 @@ def _epsilon_gradient(best, q, sigma, t, delta):
   return tuple(jnp.where(usable, g, 0.0) for g in grads)
 
 
+def _concrete_gradient(best, q, sigma, t, delta):
+  """:func:`_epsilon_gradient` for concrete values at a usable order, through the split of that
+  one order (the exact sum at an integer order, shared nodes at a fractional one up to 64,
+  whose derivatives come from the same pass), so that the per-order quadrature is compiled
+  only when a value is left open; None otherwise."""
+  if not _validation.is_concrete((best, q, sigma, t, delta)):
+    return None
+  alpha = np.asarray(best).reshape(1)
+  if not (np.isfinite(alpha[0]) and alpha[0] > 1):
+    return None
+  split, tables = _concrete_split(alpha)
+  return _first_without_fallback(functools.partial(_gradient_at, split=split),
+                                 alpha, q, sigma, t, delta, tables)
+
+
+@functools.partial(_compile.jit, static_argnames=("split", "fallback"),
+                   work=lambda arguments: arguments["q"].size)
+def _gradient_at(alpha, q, sigma, t, delta, tables, fallback, split):
+  """(d ε / d(q, σ, T, δ) at the one order ``alpha`` with its ``split``, open). Forward mode:
+  phase i's RDP depends on (q_i, σ_i) alone, so two tangents (every q, every σ) give all its
+  partial derivatives, whatever the number of phases, and the graph holds no transpose."""
+  def rdp_of(q_, s_):
+    out = composition.rdp_of_steps(q_, s_, jnp.ones_like(q_), alpha, split, tables,
+                                            fallback=fallback)
+    rdp, pending = (out, jnp.zeros(out.shape, bool)) if fallback else out
+    return rdp[:, 0], jnp.any(pending)
+  one, zero = jnp.ones_like(q), jnp.zeros_like(q)
+  rdp, d_rdp, is_open = jax.vmap(
+      lambda dq, ds: jax.jvp(rdp_of, (q, sigma), (dq, ds), has_aux=True),
+      out_axes=(None, 0, None))(jnp.stack([one, zero]), jnp.stack([zero, one]))
+  total = jnp.sum(jnp.where(t == 0, 0.0, t * rdp))
+  d_total, d_delta = jax.grad(lambda r, d: epsilon_at_orders(alpha, r, d)[0], argnums=(0, 1))(total, delta)
+  per_phase = lambda v: jnp.where(t == 0, 0.0, d_total * v)
+  return (per_phase(t * d_rdp[0]), per_phase(t * d_rdp[1]), per_phase(rdp), d_delta), is_open
+
+
 def _safe_boundary(g, s0, s_min, s_max):
   r"""Smallest s in [s_min, s_max] with g(s) ≤ 0, for g non-increasing ("ok" to the right).
 
@@ -305,17 +355,18 @@ def _safe_boundary(g, s0, s_min, s_max):
   compiled graph): first a bracket, walking from s0 in steps of 1.5, then regula falsi with the
   Illinois modification (superlinear), falling back to bisection when an end is infinite or
   the interpolated point leaves the bracket. Stops when the bracket is narrower than 1e-9.
-  Returns (s, found): s is always a point where g was evaluated and found ≤ 0, or s_min when
-  g(s_min) ≤ 0; found is false when even g(s_max) > 0.
+  Returns (s, found, open): s is always a point where g was evaluated and found ≤ 0, or
+  s_min when g(s_min) ≤ 0; found is false when even g(s_max) > 0. ``g`` returns its value and
+  a flag (a value it used was left open, see :func:`_grid_values`); ``open``: any flag.
   """
   dtype = s0.dtype
   inf = jnp.asarray(jnp.inf, dtype)
   # state: lo, hi, interpolation weights at lo and hi, which end moved last, done, found, count
   false, zero = jnp.asarray(False), jnp.asarray(0, jnp.int32)
-  state = (-inf, inf, inf, -inf, zero, false, false, zero)
+  state = (-inf, inf, inf, -inf, zero, false, false, zero, false)
 
   def next_point(state):
-    lo, hi, f_lo, f_hi, _, _, _, _ = state
+    lo, hi, f_lo, f_hi = state[:4]
     have_lo, have_hi = jnp.isfinite(lo), jnp.isfinite(hi)
     interp = hi - f_hi * (hi - lo) / (f_hi - f_lo)
     bisect = ~jnp.isfinite(f_lo) | ~jnp.isfinite(f_hi) | ~((interp > lo) & (interp < hi))
@@ -325,9 +376,9 @@ def _safe_boundary(g, s0, s_min, s_max):
     return jnp.where(have_lo & have_hi, both, jnp.where(have_hi, down, up))
 
   def body(state):
-    lo, hi, f_lo, f_hi, side, _, _, count = state
+    lo, hi, f_lo, f_hi, side, _, _, count, is_open = state
     x = next_point(state)
-    gx = g(x)
+    gx, open_x = g(x)
     gx = jnp.where(jnp.isnan(gx), inf, gx)   # no information counts as not ok
     ok = gx <= 0
     # Illinois: when the same end moves twice, halve the other end's weight.
@@ -338,10 +389,21 @@ def _safe_boundary(g, s0, s_min, s_max):
     done = ((~ok & (x >= s_max)) | (ok & (x <= s_min))
             | (jnp.isfinite(lo) & found & (hi - lo < 1e-9)))
     side = jnp.where(ok, -1, 1).astype(jnp.int32)
-    return (lo, hi, new_f_lo, new_f_hi, side, done, found, count + 1)
+    return (lo, hi, new_f_lo, new_f_hi, side, done, found, count + 1, is_open | open_x)
 
   state = lax.while_loop(lambda st: ~st[5] & (st[7] < 200), body, state)
-  return state[1], state[6]
+  return state[1], state[6], state[8]
+
+
+def _first_without_fallback(fn, *args):
+  """fn(*args, fallback) for a function that returns (result, open): for concrete arguments
+  first without the per-order quadrature (rarely needed, so rarely compiled), again with it
+  only when a value was left open; inside a graph with it at once."""
+  if _validation.is_concrete(args):
+    result, is_open = fn(*args, False)
+    if not bool(is_open):
+      return result
+  return fn(*args, True)[0]
 
 
 def calibrate_noise_multiplier(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.ArrayLike,
@@ -361,22 +423,58 @@ def calibrate_noise_multiplier(target_epsilon: jax.typing.ArrayLike, delta: jax.
   _check_schedule(sampling_rate, 1.0, steps, delta)
   q, _, t = _phases(sampling_rate, 1.0, steps)
   grid = _orders(orders, q.dtype)
-  result = _calibrate_sigma(jnp.asarray(target_epsilon, q.dtype), jnp.asarray(delta, q.dtype), q, t, grid)
+  target, delta = jnp.asarray(target_epsilon, q.dtype), jnp.asarray(delta, q.dtype)
+  split = _concrete_split(grid)
+  if split is None:
+    result = _calibrate_sigma(target, delta, q, t, grid)
+  else:
+    result = _first_without_fallback(
+        functools.partial(_calibrate_sigma_on_grid, split=split[0]), target, delta, q, t, grid, split[1])
   if _validation.is_concrete(result) and bool(jnp.isnan(result)):
     raise ValueError(f"target_epsilon={float(target_epsilon)} is not reachable with any noise "
                      "multiplier up to 1e8 for this schedule and delta.")
   return result
 
 
+def _concrete_split(grid):
+  """(split, tables) of a concrete grid (:func:`jaxrdp.sampled_gaussian.order_split`), None for
+  a traced one."""
+  split = sampled_gaussian.order_split(grid)
+  return None if split is None else (split, sampled_gaussian.order_tables(grid, split))
+
+
+def _sigma_search(target, delta, q, t, grid_epsilon_of):
+  """The safe-side σ search on ε(σ) = grid_epsilon_of(σ) (returning (ε, open))."""
+  def g(log_sigma):   # log(ε/target), non-increasing in σ
+    eps, is_open = grid_epsilon_of(jnp.broadcast_to(jnp.exp(log_sigma), q.shape))
+    return jnp.log(eps / target), is_open
+  log_min, log_max = math.log(_SIGMA_MIN), math.log(_SIGMA_MAX)
+  s, found, is_open = _safe_boundary(g, jnp.zeros((), q.dtype), log_min, log_max)
+  return jnp.where(found, jnp.exp(s), jnp.nan), is_open
+
+
 @_compile.jit
 def _calibrate_sigma(target, delta, q, t, grid):
-  def g(log_sigma):   # log(ε/target), non-increasing in σ
-    sigma = jnp.broadcast_to(jnp.exp(log_sigma), q.shape)
-    eps, _ = grid_epsilon(lambda alphas: _schedule_rdp(q, sigma, t, alphas), grid, delta)
-    return jnp.log(eps / target)
-  log_min, log_max = math.log(_SIGMA_MIN), math.log(_SIGMA_MAX)
-  s, found = _safe_boundary(g, jnp.zeros((), q.dtype), log_min, log_max)
-  return jnp.where(found, jnp.exp(s), jnp.nan)
+  """σ search with the grid ε of the branch-and-bound search (any grid, also traced)."""
+  def eps_of(sigma):
+    return grid_epsilon(lambda alphas: _schedule_rdp(q, sigma, t, alphas), grid, delta)[0], False
+  return _sigma_search(target, delta, q, t, eps_of)[0]
+
+
+def _search_work(arguments):
+  """Elements of one ε evaluation of a calibration: phases times orders (not the tables)."""
+  phases = arguments["q"].size if "q" in arguments else arguments["sigma"].size
+  return phases * arguments["grid"].size
+
+
+@functools.partial(_compile.jit, static_argnames=("split", "fallback"), work=_search_work)
+def _calibrate_sigma_on_grid(target, delta, q, t, grid, tables, fallback, split):
+  """(σ, open): σ search with every order of a concrete grid evaluated through its ``split``
+  (:func:`_grid_values`; the same ε as the branch and bound)."""
+  def eps_of(sigma):
+    eps, pending = _grid_values(q, sigma, t, delta, grid, split, tables, fallback)
+    return jnp.min(eps), jnp.any(pending)
+  return _sigma_search(target, delta, q, t, eps_of)
 
 
 def calibrate_sampling_rate(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.ArrayLike,
@@ -392,22 +490,44 @@ def calibrate_sampling_rate(target_epsilon: jax.typing.ArrayLike, delta: jax.typ
   _check_schedule(0.5, noise_multiplier, steps, delta)
   _, sigma, t = _phases(0.5, noise_multiplier, steps)
   grid = _orders(orders, sigma.dtype)
-  result = _calibrate_q(jnp.asarray(target_epsilon, sigma.dtype), jnp.asarray(delta, sigma.dtype), sigma, t, grid)
+  target, delta = jnp.asarray(target_epsilon, sigma.dtype), jnp.asarray(delta, sigma.dtype)
+  split = _concrete_split(grid)
+  if split is None:
+    result = _calibrate_q(target, delta, sigma, t, grid)
+  else:
+    result = _first_without_fallback(
+        functools.partial(_calibrate_q_on_grid, split=split[0]), target, delta, sigma, t, grid, split[1])
   if _validation.is_concrete(result) and bool(jnp.isnan(result)):
     raise ValueError(f"target_epsilon={float(target_epsilon)} is not reachable with any sampling "
                      "rate >= 1e-12 for this noise multiplier, step count and delta.")
   return result
 
 
+def _q_search(target, delta, sigma, grid_epsilon_of):
+  """The safe-side q search on ε(q) = grid_epsilon_of(q) (returning (ε, open))."""
+  def g(neg_log_q):   # log(ε/target), non-increasing in -log q
+    eps, is_open = grid_epsilon_of(jnp.broadcast_to(jnp.exp(-neg_log_q), sigma.shape))
+    return jnp.log(eps / target), is_open
+  s, found, is_open = _safe_boundary(g, jnp.asarray(math.log(100.0), sigma.dtype), 0.0,
+                                     -math.log(_Q_MIN))
+  return jnp.where(found, jnp.exp(-s), jnp.nan), is_open
+
+
 @_compile.jit
 def _calibrate_q(target, delta, sigma, t, grid):
-  def g(neg_log_q):   # log(ε/target), non-increasing in -log q
-    q = jnp.broadcast_to(jnp.exp(-neg_log_q), sigma.shape)
-    eps, _ = grid_epsilon(lambda alphas: _schedule_rdp(q, sigma, t, alphas), grid, delta)
-    return jnp.log(eps / target)
-  s, found = _safe_boundary(g, jnp.asarray(math.log(100.0), sigma.dtype), 0.0,
-                            -math.log(_Q_MIN))
-  return jnp.where(found, jnp.exp(-s), jnp.nan)
+  """q search with the grid ε of the branch-and-bound search (any grid, also traced)."""
+  def eps_of(q):
+    return grid_epsilon(lambda alphas: _schedule_rdp(q, sigma, t, alphas), grid, delta)[0], False
+  return _q_search(target, delta, sigma, eps_of)[0]
+
+
+@functools.partial(_compile.jit, static_argnames=("split", "fallback"), work=_search_work)
+def _calibrate_q_on_grid(target, delta, sigma, t, grid, tables, fallback, split):
+  """(q, open): q search with every order of a concrete grid evaluated through its split."""
+  def eps_of(q):
+    eps, pending = _grid_values(q, sigma, t, delta, grid, split, tables, fallback)
+    return jnp.min(eps), jnp.any(pending)
+  return _q_search(target, delta, sigma, eps_of)
 
 
 def calibrate_steps(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.ArrayLike,
@@ -427,16 +547,21 @@ def calibrate_steps(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.Arra
   if q.shape != (1,):
     raise ValueError("calibrate_steps takes a constant sampling_rate and noise_multiplier.")
   grid = _orders(orders, q.dtype)
-  lo = _calibrate_steps(jnp.asarray(target_epsilon, q.dtype), jnp.asarray(delta, q.dtype), q, sigma,
-                        grid, float(max_steps))
+  split = _concrete_split(grid) or (None, None)
+  if split[0] is not None and _validation.is_concrete((q, sigma)):
+    # The per-step RDP through the grid's split (the per-order quadrature only if needed).
+    per_step = composition.compute_rdp(q, sigma, 1.0, grid)
+  else:
+    per_step = _schedule_rdp(q, sigma, jnp.ones_like(q), grid)
+  lo = _calibrate_steps(jnp.asarray(target_epsilon, q.dtype), jnp.asarray(delta, q.dtype),
+                        per_step.reshape(grid.shape), grid, float(max_steps))
   if _validation.is_concrete(lo) and float(lo) == 0:
     raise ValueError(f"target_epsilon={float(target_epsilon)} is not reachable even with one step.")
   return lo
 
 
 @_compile.jit(static_argnames=("max_steps",))
-def _calibrate_steps(target, delta, q, sigma, grid, max_steps):
-  per_step = _schedule_rdp(q, sigma, jnp.ones_like(q), grid)
+def _calibrate_steps(target, delta, per_step, grid, max_steps):
   ok = lambda n: compute_epsilon(grid, per_step * n, delta)[0] <= target
 
   def body(_, bracket):
@@ -444,6 +569,6 @@ def _calibrate_steps(target, delta, q, sigma, grid, max_steps):
     mid = jnp.floor((lo + hi) / 2)
     good = ok(mid)
     return jnp.where(good, mid, lo), jnp.where(good, hi, mid)
-  lo, hi = jnp.asarray(0.0, q.dtype), jnp.asarray(max_steps + 1, q.dtype)
+  lo, hi = jnp.asarray(0.0, per_step.dtype), jnp.asarray(max_steps + 1, per_step.dtype)
   lo, _ = lax.fori_loop(0, 64, body, (lo, hi))
   return lo

@@ -72,8 +72,7 @@ def _work(arguments):
   return math.prod(shape) * jnp.size(arguments["orders"])
 
 
-@functools.partial(_compile.jit, static_argnames=("split", "fallback"), work=_work)
-def compute_rdp_unchecked(q, sigma, steps, orders, split=None, tables=None, fallback=True):
+def rdp_of_steps(q, sigma, steps, orders, split=None, tables=None, fallback=True):
   """compute_rdp without argument checks (floating arrays; orders scalar or 1-D). ``split``:
   :func:`jaxrdp.sampled_gaussian.order_split` of the concrete orders (static): integer
   orders to the exact binomial sum (``tables``: their
@@ -98,3 +97,9 @@ def compute_rdp_unchecked(q, sigma, steps, orders, split=None, tables=None, fall
   out = jnp.where(t == 0, jnp.zeros_like(rdp), t * rdp)
   out = jnp.where(t >= 0, out, jnp.nan)
   return out if pending is None else (out, pending)
+
+
+compute_rdp_unchecked = functools.partial(
+    _compile.jit, static_argnames=("split", "fallback"), work=_work)(rdp_of_steps)
+compute_rdp_unchecked.__doc__ = """:func:`rdp_of_steps` compiled on its own (an entry point; inside
+a traced function call :func:`rdp_of_steps`, which transformations trace once)."""

@@ -839,7 +839,7 @@ def _log_expm1_of_square(k, sigma):
   return jnp.where(tiny, log_c + c / 2, c_safe + jnp.log(-jnp.expm1(-c_safe)))
 
 
-def _log_j_integer(q, sigma, alpha, log_binom):
+def _log_j_integer(per_pair, log1m_q, alpha, log_binom):
   r"""log J = log((A_α − 1)/(α − 1)) for integer orders α >= 2, exactly:
 
   .. math:: A_\alpha - 1 = \sum_{k=2}^{\alpha} \binom{\alpha}{k} q^k (1-q)^{\alpha-k}
@@ -848,16 +848,12 @@ def _log_j_integer(q, sigma, alpha, log_binom):
   the binomial expansion of :math:`E_{\mu_0}[(1-q+qL)^\alpha]` with :math:`E_{\mu_0}[L^k] =
   e^{k(k-1)/(2\sigma^2)}` (Mironov, Talwar, Zhang 2019, Sec. 3.2) minus the same expansion of
   :math:`1 = (1-q+q)^\alpha`: a sum of non-negative terms, summed in log space, so nothing
-  cancels (float32 too). q, sigma: shape (n, 1), 0 < q < 1, sigma > 0; alpha: shape (m,);
-  log_binom: log C(α, k), shape (m, K+1), -inf unless 2 <= k <= α. Returns shape (n, m).
-  The terms exp(c_k) - 1 depend on (sigma, k) only and the binomial coefficients on (alpha,
-  k) only: both are computed once and shared across orders / pairs.
+  cancels (float32 too). ``per_pair``: :func:`_per_pair_terms` (n, >= K+1); ``log1m_q``:
+  log(1 - q), shape (n, 1); alpha: shape (m,); log_binom: log C(α, k), shape (m, K+1), -inf
+  unless 2 <= k <= α. Returns shape (n, m). The terms depend on (q, sigma, k) and on
+  (alpha, k) separately: both parts are computed once and shared across orders / pairs.
   """
-  dtype = q.dtype
-  k = jnp.arange(log_binom.shape[1], dtype=dtype)
-  log_expm1 = _log_expm1_of_square(jnp.maximum(k, 2.0), sigma)                        # (n, K)
-  log_q, log1m_q = jnp.log(q), jnp.log1p(-q)
-  per_pair = k * (log_q - log1m_q) + log_expm1                                       # (n, K)
+  per_pair = per_pair[:, :log_binom.shape[1]]
   terms = log_binom[None] + per_pair[:, None, :] + (log1m_q * alpha[None, :])[..., None]
   terms = jnp.where(jnp.isfinite(log_binom)[None], terms, -jnp.inf)
   top = lax.stop_gradient(jnp.max(terms, axis=-1, keepdims=True))
@@ -893,15 +889,27 @@ def _in_row_blocks(fn, rows, *arrays):
   return jax.tree_util.tree_map(lambda v: v.reshape((n_blocks * rows,) + v.shape[2:])[:n], out)
 
 
+def _per_pair_terms(q, sigma, k_max):
+  """k log(q / (1 - q)) + log(e^{k(k-1)/(2 sigma^2)} - 1) for k = 0 .. k_max (k < 2 as k = 2:
+  their binomial coefficients are -inf), shape (n, k_max + 1), for q, sigma of shape (n, 1);
+  and log(1 - q)."""
+  k = jnp.arange(k_max + 1, dtype=q.dtype)
+  log_q, log1m_q = jnp.log(q), jnp.log1p(-q)
+  return k * (log_q - log1m_q) + _log_expm1_of_square(jnp.maximum(k, 2.0), sigma), log1m_q
+
+
 def _integer_orders(q, sigma, alphas, tables):
   """log J (n, m) for flat generic q, sigma (n,) at the integer orders of every bucket of the
   split (``alphas``: one array per bucket, ``tables``: their log-binomial tables (m_b,
-  k_max + 1) from :func:`order_tables`), concatenated."""
+  k_max + 1) from :func:`order_tables`), concatenated. The per-pair terms are computed once,
+  up to the largest bucket."""
   tables = [t.astype(q.dtype) for t in tables]
+  k_max = max(t.shape[1] for t in tables) - 1
 
   def block(qs):
-    q_, s_ = qs[0][:, None], qs[1][:, None]
-    return jnp.concatenate([_log_j_integer(q_, s_, a, t) for a, t in zip(alphas, tables)], axis=-1)
+    per_pair, log1m_q = _per_pair_terms(qs[0][:, None], qs[1][:, None], k_max)
+    return jnp.concatenate([_log_j_integer(per_pair, log1m_q, a, t) for a, t in zip(alphas, tables)],
+                           axis=-1)
 
   terms = sum(t.shape[0] * t.shape[1] for t in tables)
   return _in_row_blocks(block, max(1, _SUM_ELEMENTS // terms), q, sigma)
@@ -931,7 +939,7 @@ def _grid_nodes(z, sigma, log_q, log1m_q, q):
               log_abs_ell=log_abs_ell, x=jnp.where(positive, x, -x), ratio_neg=ratio_neg)
 
 
-def _grid_terms(nodes, sigma, alpha, m_ref):
+def _grid_terms(nodes, sigma, alpha, m_ref, exponent_only=False):
   r"""The integrand of :func:`_integrand` at shared nodes, as exponent and multiplier:
   :math:`\varphi_\sigma(z) g_\alpha(x) = \sqrt{2\pi}\sigma\,
   e^{m_{ref}(m_{ref}-1)/(2\sigma^2)}\, e^{e}\, \mathrm{mult}` with ``mult`` >= 0 of order
@@ -939,7 +947,8 @@ def _grid_terms(nodes, sigma, alpha, m_ref):
   P - N with m = alpha or 0), written so that each (node, order) costs two exponentials and
   one expm1 (the logarithms are per node): for x > 0, mult = exprel(-beta ell) -
   x e^{-alpha ell}/ell; for x < 0, mult = 1 - (1-|x|)|ell| exprel(-beta|ell|)/|x|; in the
-  series region mult is the series' sum. ``m_ref``: the reference power (broadcasts)."""
+  series region mult is the series' sum. ``m_ref``: the reference power (broadcasts).
+  ``exponent_only``: the exponent alone (mult None), without tracing the multiplier."""
   z, positive = nodes["z"], nodes["positive"]
   dtype = z.dtype
   s2 = sigma * sigma
@@ -948,10 +957,22 @@ def _grid_terms(nodes, sigma, alpha, m_ref):
   log_x_small = jnp.log(x_small)
   small = nodes["log_abs_x"] <= log_x_small
   relative = lambda m: (m - m_ref) * (m + m_ref - 1) / (2 * s2)
-  # Series: g = (alpha/2) x^2 sum_j c_j x^j, Horner in the clipped x.
+  ell, ell_minus_u, log_abs_ell = nodes["ell"], nodes["ell_minus_u"], nodes["log_abs_ell"]
+  # Exponents. Series: g = (alpha/2) x^2 sum_j c_j x^j with m = 2 (x > 0) or 0.
   m_series = jnp.where(positive, 2.0, 0.0).astype(dtype)
   e_series = (jnp.log(alpha / 2) + 2 * jnp.minimum(nodes["log_q1m"], log_x_small)
               - (z - m_series) ** 2 / (2 * s2) + relative(m_series))
+  size_alpha = jnp.maximum(jnp.maximum(alpha * alpha, (z - alpha) ** 2) / (2 * s2),
+                           jnp.abs(alpha * ell_minus_u))
+  size_zero = jnp.maximum(z * z / (2 * s2), jnp.abs(alpha * ell))
+  e_pos = jnp.where(size_alpha < size_zero,
+                    relative(alpha) + alpha * ell_minus_u - (z - alpha) ** 2 / (2 * s2),
+                    relative(0.0) + alpha * ell - z * z / (2 * s2)) + log_abs_ell
+  e_neg = relative(0.0) - z * z / (2 * s2) + nodes["log_abs_x"]
+  e = jnp.where(small, e_series, jnp.where(positive, e_pos, e_neg))
+  if exponent_only:
+    return e, None
+  # Multipliers. The series by Horner in the clipped x.
   coefficients = [jnp.ones_like(alpha)]
   for j in range(_SERIES_TERMS):
     coefficients.append(coefficients[-1] * ((alpha - (2 + j)) / (j + 3)))
@@ -963,25 +984,19 @@ def _grid_terms(nodes, sigma, alpha, m_ref):
   abs_ell = jnp.where(small, 1.0, nodes["abs_ell"])
   t = -beta * abs_ell
   exprel = jnp.expm1(t) / t
-  ell, ell_minus_u, log_abs_ell = nodes["ell"], nodes["ell_minus_u"], nodes["log_abs_ell"]
-  size_alpha = jnp.maximum(jnp.maximum(alpha * alpha, (z - alpha) ** 2) / (2 * s2),
-                           jnp.abs(alpha * ell_minus_u))
-  size_zero = jnp.maximum(z * z / (2 * s2), jnp.abs(alpha * ell))
-  e_pos = jnp.where(size_alpha < size_zero,
-                    relative(alpha) + alpha * ell_minus_u - (z - alpha) ** 2 / (2 * s2),
-                    relative(0.0) + alpha * ell - z * z / (2 * s2)) + log_abs_ell
   mult_pos = exprel - jnp.exp(jnp.minimum(nodes["log_abs_x"] - alpha * ell - log_abs_ell, 0.0))
-  e_neg = relative(0.0) - z * z / (2 * s2) + nodes["log_abs_x"]
   mult_neg = 1 - nodes["ratio_neg"] * exprel
-  e = jnp.where(small, e_series, jnp.where(positive, e_pos, e_neg))
   mult = jnp.where(small, series, jnp.where(positive, mult_pos, mult_neg))
   return e, jnp.maximum(mult, 0.0)
 
 
-def _log_j_shared(q, sigma, alphas):
+def _log_j_shared(q, sigma, alphas, tangents=None):
   r"""log J (r, g) on rows: flat generic q, sigma (r,), each row with its own ascending orders
   ``alphas`` (r, g), all evaluated on one grid of _SHARED_INTERVALS + 1 nodes per row;
-  +inf where a value cannot be certified.
+  +inf where a value cannot be certified. With ``tangents`` (of q, sigma, alphas), also the
+  tangent of log J (0 where not certified): the quadrature of the integrand's derivative on
+  the same nodes, in the same pass (window, reference power and scale held fixed, as in the
+  per-order kernel: they decide where and relative to what to sum, not the value).
 
   The window is the union of the per-order windows (:func:`_shared_window`) of the row's smallest
   and largest order: the bumps move right with the order, and the certificate checks every
@@ -1000,7 +1015,9 @@ def _log_j_shared(q, sigma, alphas):
   h = (hi - lo) / _SHARED_INTERVALS
   i = jnp.arange(_SHARED_INTERVALS + 1, dtype=dtype)
   ex = lambda v: v[:, None, None]
-  nodes = _grid_nodes(ex(lo) + ex(h) * i, ex(sigma), ex(jnp.log(q)), ex(jnp.log1p(-q)), ex(q))
+  z = ex(lo) + ex(h) * i
+  nodes_of = lambda q_, s_: _grid_nodes(z, ex(s_), ex(jnp.log(q_)), ex(jnp.log1p(-q_)), ex(q_))
+  nodes = nodes_of(q, sigma)
   alpha = alphas[..., None]
   s2 = ex(sigma * sigma)
   # Reference power: of m in {0, 2, alpha}, the one whose constant m(m-1)/(2 s^2) is nearest
@@ -1008,23 +1025,64 @@ def _log_j_shared(q, sigma, alphas):
   # is located on every fourth node: it only sets the scale of the sums (the log integrand
   # changes by well under a nat between those nodes), so this costs a quarter of a pass.
   e_abs, _ = _grid_terms({k: v[..., ::4] for k, v in nodes.items()}, ex(sigma), alpha,
-                         jnp.zeros_like(alpha))
+                         jnp.zeros_like(alpha), exponent_only=True)
   peak = jnp.max(e_abs, axis=-1, keepdims=True)
   candidates = jnp.stack(jnp.broadcast_arrays(jnp.zeros_like(peak), jnp.full_like(peak, 2.0), alpha), -1)
   distance = jnp.abs(peak[..., None] - candidates * (candidates - 1) / (2 * s2[..., None]))
   m_ref = jnp.take_along_axis(candidates, jnp.argmin(distance, axis=-1)[..., None], axis=-1)[..., 0]
   ref = jnp.where(jnp.isfinite(peak), peak - m_ref * (m_ref - 1) / (2 * s2), 0.0)
-  e, mult = _grid_terms(nodes, ex(sigma), alpha, m_ref)
-  values = jnp.exp(jnp.maximum(e - ref, _exp_floor(dtype))) * mult
   weight = jnp.where((i == 0) | (i == _SHARED_INTERVALS), 0.5, 1.0).astype(dtype)
-  base = ref[..., 0] + (jnp.log(h) - jnp.log(sigma) - 0.5 * math.log(2 * math.pi))[:, None]
-  rule = lambda every: jnp.log(jnp.sum(values[..., ::every] * weight[::every], axis=-1)) + base + math.log(every)
-  log_t = rule(1)
-  edge = jnp.log(jnp.maximum(values[..., 0], values[..., -1])) + base
+  const = ref[..., 0] + (jnp.log(h) - 0.5 * math.log(2 * math.pi))[:, None]   # held fixed
+
+  def log_j_of(q_, s_, a_):   # log J - const, and the summed values (relative to ref)
+    nodes_ = nodes if tangents is None else nodes_of(q_, s_)
+    e, mult = _grid_terms(nodes_, ex(s_), a_[..., None], m_ref)
+    values = jnp.exp(jnp.maximum(e - ref, _exp_floor(dtype))) * mult
+    log_j = (jnp.log(jnp.sum(values * weight, axis=-1)) - jnp.log(s_)[:, None]
+             + _reference_constant(m_ref[..., 0], s_[:, None]))
+    return log_j, values
+
+  if tangents is None:
+    log_j, values = log_j_of(q, sigma, alphas)
+  else:
+    log_j, d_log_j, values = jax.jvp(log_j_of, (q, sigma, alphas), tuple(tangents), has_aux=True)
+  log_j = log_j + const
   shift = _reference_constant(m_ref[..., 0], sigma[:, None])
-  failed = _assess(log_t, rule(2), rule(4), edge, shift, jnp.broadcast_to(h[:, None], (r, g)),
-                   sigma[:, None], alphas)
-  return jnp.where(failed, jnp.inf, log_t + shift)
+  base = const - jnp.log(sigma)[:, None]   # the rules' sums are relative to the shift
+  rule = lambda every: jnp.log(jnp.sum(values[..., ::every] * weight[::every], axis=-1)) + base + math.log(every)
+  edge = jnp.log(jnp.maximum(values[..., 0], values[..., -1])) + base
+  failed = _assess(log_j - shift, rule(2), rule(4), edge, shift,
+                   jnp.broadcast_to(h[:, None], (r, g)), sigma[:, None], alphas)
+  log_j = jnp.where(failed, jnp.inf, log_j)
+  return log_j if tangents is None else (log_j, jnp.where(failed, 0.0, d_log_j))
+
+
+def _shared_values(q, sigma, alphas, groups, tangents=None):
+  """log J (n, m) of the orders of ``groups`` (static tuples of positions into ``alphas``, (m,))
+  on shared nodes, +inf at every other order; with ``tangents`` (of q, sigma (n,), alphas)
+  also their tangents (0 elsewhere)."""
+  n, m = q.shape[0], alphas.shape[0]
+  log_j = jnp.full((n, m), jnp.inf, q.dtype)
+  if not groups:
+    return log_j if tangents is None else (log_j, jnp.zeros_like(log_j))
+  # One row per (pair, group), every group padded to _SHARED_GROUP with its last order.
+  index = np.array([g + (g[-1],) * (_SHARED_GROUP - len(g)) for g in groups])
+  n_groups = len(groups)
+  rows = max(1, _SHARED_ELEMENTS // (_SHARED_GROUP * (_SHARED_INTERVALS + 1)))
+  as_rows = lambda q_, s_, a_: (jnp.repeat(q_, n_groups), jnp.repeat(s_, n_groups),
+                                jnp.tile(a_[index], (n, 1)))
+  if tangents is None:
+    shared = (_in_row_blocks(lambda xs: _log_j_shared(*xs), rows, *as_rows(q, sigma, alphas)),)
+  else:
+    shared = _in_row_blocks(lambda xs: _log_j_shared(*xs[:3], xs[3:]), rows,
+                            *as_rows(q, sigma, alphas), *as_rows(*tangents))
+  positions = np.concatenate([np.asarray(g) for g in groups])
+  group_of = np.concatenate([np.full(len(g), k) for k, g in enumerate(groups)])
+  slot_of = np.concatenate([np.arange(len(g)) for g in groups])
+  place = lambda v, fill: jnp.full((n, m), fill, q.dtype).at[:, positions].set(
+      v.reshape(n, n_groups, _SHARED_GROUP)[:, group_of, slot_of], unique_indices=True)
+  log_j = place(shared[0], jnp.inf)
+  return log_j if tangents is None else (log_j, place(shared[1], 0.0))
 
 
 def _quadrature_values(q, sigma, alphas, groups, fallback):
@@ -1034,19 +1092,7 @@ def _quadrature_values(q, sigma, alphas, groups, fallback):
   order, on compacted batches of _FALLBACK_BATCH elements (static shapes; nothing runs when
   nothing is left). Without ``fallback`` those values are left +inf."""
   n, m = q.shape[0], alphas.shape[0]
-  log_j = jnp.full((n, m), jnp.inf, q.dtype)
-  if groups:
-    # One row per (pair, group), every group padded to _SHARED_GROUP with its last order.
-    index = np.array([g + (g[-1],) * (_SHARED_GROUP - len(g)) for g in groups])
-    n_groups = len(groups)
-    rows = max(1, _SHARED_ELEMENTS // (_SHARED_GROUP * (_SHARED_INTERVALS + 1)))
-    shared = _in_row_blocks(lambda xs: _log_j_shared(*xs), rows, jnp.repeat(q, n_groups),
-                            jnp.repeat(sigma, n_groups), jnp.tile(alphas[index], (n, 1)))
-    shared = shared.reshape(n, n_groups, _SHARED_GROUP)
-    positions = np.concatenate([np.asarray(g) for g in groups])
-    group_of = np.concatenate([np.full(len(g), k) for k, g in enumerate(groups)])
-    slot_of = np.concatenate([np.arange(len(g)) for g in groups])
-    log_j = log_j.at[:, positions].set(shared[:, group_of, slot_of])
+  log_j = _shared_values(q, sigma, alphas, groups)
   if not fallback:
     return log_j
   size = n * m
@@ -1098,8 +1144,11 @@ def _log_j_orders(q, sigma, alphas, groups, fallback):
 
 @_log_j_orders.defjvp
 def _log_j_orders_jvp(groups, fallback, primals, tangents):
-  # Value and derivatives from the per-order kernel, which accumulates the derivatives on its
-  # own nodes (the derivative of a shared-node value is not needed anywhere else).
+  if not fallback:
+    # Value and tangent on the shared nodes, in one pass (what is left open stays +inf).
+    return _shared_values(*primals, groups, tangents)
+  # With the fallback, value and derivatives from the per-order kernel, which accumulates
+  # the derivatives on its own nodes.
   n, m = primals[0].shape[0], primals[2].shape[0]
   flat = lambda vs: [jnp.broadcast_to(v, (n, m)).reshape(-1)
                      for v in (vs[0][:, None], vs[1][:, None], vs[2][None, :])]

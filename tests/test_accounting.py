@@ -93,3 +93,69 @@ def test_unreachable_targets_raise():
     accounting.dpsgd_epsilon(jnp.array([0.1, 1.5]), 1.0, 10.0, DELTA)
   with pytest.raises(ValueError, match="broadcast"):
     accounting.dpsgd_epsilon(jnp.array([0.1, 0.2]), jnp.array([1.0, 1.0, 1.0]), 10.0, DELTA)
+
+
+SCHEDULES = [
+    (0.01, 1.1, 10_000.0, 1e-5),
+    (np.array([0.01, 0.02, 0.005]), np.array([1.0, 1.5, 0.8]), np.array([100.0, 300.0, 50.0]), 1e-6),
+    (0.3, 0.7, 50.0, 1e-8),
+    (1e-4, 5.0, 1e5, 1e-6),
+]
+
+
+@pytest.mark.parametrize("schedule", range(len(SCHEDULES)))
+def test_the_grid_search_equals_the_branch_and_bound_search(schedule):
+  # A concrete grid is searched by evaluating every order (exact sums, shared nodes) and
+  # refining in slots of the same program, from the host; a traced grid by branch and bound
+  # with the per-order quadrature; jax.jit with a concrete grid runs the grid search as one
+  # loop, with the per-order fallback inside. The same ε and order (to the kernels' rounding).
+  q, s, t, d = SCHEDULES[schedule]
+  q, s, t = accounting._phases(q, s, t)
+  d = np.asarray(d)
+  grid = np.asarray(jaxrdp.DEFAULT_ORDERS)
+  eps_bb, best_bb = (float(v) for v in accounting._search_epsilon(q, s, t, d, jnp.asarray(grid), True))
+  eps, best = (float(v) for v in accounting._concrete_epsilon(q, s, t, d, grid, True))
+  jitted = float(jax.jit(accounting.dpsgd_epsilon)(q, s, t, d))
+  assert eps == pytest.approx(eps_bb, rel=1e-12, abs=0)
+  assert best == pytest.approx(best_bb, rel=1e-12, abs=0)
+  assert jitted == pytest.approx(eps, rel=1e-12, abs=0)
+  assert float(accounting.dpsgd_epsilon(q, s, t, d)) == eps
+
+
+def test_an_open_value_reruns_the_search_with_the_per_order_quadrature(monkeypatch):
+  q, s, t = accounting._phases(Q, SIGMA, T)
+  grid = np.asarray(jaxrdp.DEFAULT_ORDERS)
+  expected = [float(v) for v in accounting._concrete_epsilon(q, s, t, np.asarray(DELTA), grid, True)]
+  calls = []
+  evaluate = accounting._grid_epsilons
+
+  def leave_one_open(*args, **kwargs):
+    eps, pending = evaluate(*args, **kwargs)
+    calls.append(1)
+    return eps, pending.at[3].set(True)   # a grid order the sums could not certify
+
+  monkeypatch.setattr(accounting, "_grid_epsilons", leave_one_open)
+  got = [float(v) for v in accounting._concrete_epsilon(q, s, t, np.asarray(DELTA), grid, True)]
+  assert calls and got == pytest.approx(expected, rel=1e-12, abs=0)
+
+
+@pytest.mark.parametrize("alpha", [4.6714502644696205, 5.0, 37.5])
+def test_the_gradient_at_a_concrete_order_equals_the_per_order_gradient(alpha):
+  # Eager envelope gradients come from the exact sum (integer order) or the shared nodes'
+  # own derivatives (fractional), in forward mode; the per-order quadrature's reverse-mode
+  # gradient is the reference.
+  q, s, t = accounting._phases(np.array([0.01, 0.2]), np.array([1.1, 3.0]), np.array([1e4, 30.0]))
+  d = np.asarray(1e-5)
+  new = accounting._concrete_gradient(np.asarray(alpha), q, s, t, d)
+  old = accounting._epsilon_gradient(jnp.asarray(alpha), q, s, t, d)
+  for a, b in zip(new, old):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=0)
+
+
+def test_calibration_on_the_grid_equals_the_branch_and_bound_calibration():
+  q, _, t = accounting._phases(Q, 1.0, T)
+  grid = jnp.asarray(jaxrdp.DEFAULT_ORDERS)
+  old = float(accounting._calibrate_sigma(jnp.asarray(2.0), jnp.asarray(DELTA), q, t, grid))
+  new = float(jaxrdp.calibrate_noise_multiplier(2.0, DELTA, Q, T))
+  assert new == pytest.approx(old, rel=1e-8)
+  assert _grid_eps(Q, new, T, DELTA) <= 2.0
