@@ -163,12 +163,6 @@ def _grid_values(q, sigma, t, delta, orders, split, tables, fallback):
   return jnp.where(jnp.isnan(eps), jnp.inf, eps), jnp.any(pending, axis=0)
 
 
-@functools.partial(_compile.jit, static_argnames=("split",), work=_work)
-def _grid_epsilons(q, sigma, t, delta, orders, split, tables):
-  """:func:`_grid_values` without the per-order quadrature, compiled on its own."""
-  return _grid_values(q, sigma, t, delta, orders, split, tables, fallback=False)
-
-
 def _search_orders(state, orders, xp):
   """The orders one step of the search evaluates: the grid and its slots, which hold the
   refinement's orders after step 0. ``xp``: jax.numpy in a graph, numpy on the host."""
@@ -235,29 +229,58 @@ def _grid_search(q, sigma, t, delta, orders, split, tables, refine_steps):
   return _search_result(lax.while_loop(lambda st: st[-1], step, state), delta, jnp)[:2]
 
 
+_SLOTS_APART = 1 << 14   # from this many (phase, order) elements on, refinement steps evaluate
+                         # the slots alone (a second program; its compilation is then minor)
+
+
 def _concrete_epsilon(q, sigma, t, delta, grid, refine_order):
   """(ε, order) of :func:`_search_epsilon` where the grid is concrete (None otherwise): every
   grid order is evaluated (the exact sums and shared nodes make that cheaper than the branch
   and bound of the per-order quadrature), then the same refinement. For concrete inputs the
-  steps run from the host, each one call of one compiled program (:func:`_grid_epsilons`,
-  without the per-order quadrature: compiling a loop and the search's logic around the
-  kernel costs XLA ~0.3 s more); only when a value that could matter is left open (rare) is
-  the per-order quadrature compiled (:func:`_grid_search`), which also serves traced inputs."""
+  steps run from the host (compiling a loop and the search's logic around the kernel costs
+  XLA ~0.3 s more), each evaluation one call of the program of ``compute_rdp`` (values left
+  open filled on the host, :func:`_concrete_epsilons`); for long schedules the refinement
+  steps evaluate the slots alone. Traced inputs: :func:`_grid_search`."""
   slotted = _with_slots(grid)
   if slotted is None:
     return None
   orders, split, tables = slotted
   steps = _REFINE_STEPS if refine_order and grid.shape[0] >= 2 else 0
-  if _validation.is_concrete((q, sigma, t, delta)):
-    state = _search_start(orders.dtype)
-    while state[-1]:
-      alphas = _search_orders(state, orders, np)
-      eps, pending = _grid_epsilons(q, sigma, t, delta, alphas, split, tables)
-      state = _search_update(state, np.asarray(eps), np.asarray(pending), orders, steps, np)
-    eps, best, is_open = _search_result(state, np.asarray(delta), np)
-    if not is_open:
-      return jnp.asarray(eps), jnp.asarray(best)
-  return _grid_search(q, sigma, t, delta, orders, split, tables, steps)
+  if not _validation.is_concrete((q, sigma, t, delta)):
+    return _grid_search(q, sigma, t, delta, orders, split, tables, steps)
+  k = grid.shape[0]
+  apart = q.size * orders.size >= _SLOTS_APART
+  slots_split = sampled_gaussian.OrderSplit(None, (tuple(range(_order_search._BATCH)),))
+  state = _search_start(orders.dtype)
+  while state[-1]:
+    alphas = _search_orders(state, orders, np)
+    if apart and state[0] > 0:   # the grid's values are not used after step 0
+      eps = _concrete_epsilons(q, sigma, t, delta, alphas[k:], slots_split, None)
+      eps = np.concatenate([np.full(k, np.inf, eps.dtype), eps])
+    else:
+      eps = _concrete_epsilons(q, sigma, t, delta, alphas, split, tables)
+    state = _search_update(state, eps, np.zeros(eps.shape, bool), orders, steps, np)
+  eps, best, _ = _search_result(state, np.asarray(delta), np)
+  return jnp.asarray(eps), jnp.asarray(best)
+
+
+def _concrete_epsilons(q, sigma, t, delta, orders, split, tables):
+  """ε (NaN as +inf) at each of the concrete ``orders`` for the schedule: the program of
+  ``compute_rdp`` without the per-order quadrature, what it leaves open (rare) filled on the
+  host (:func:`jaxrdp.sampled_gaussian.fill_pending`: compiled only then), then the
+  conversion."""
+  rdp, pending = composition.compute_rdp_unchecked(q, sigma, t, orders, split, tables,
+                                                   fallback=False)
+  pending = np.asarray(pending)
+  if pending.any():
+    rdp = sampled_gaussian.fill_pending(rdp, pending, q, sigma, orders, t)
+  return np.asarray(_composed_epsilons(orders, rdp, delta))
+
+
+@jax.jit
+def _composed_epsilons(orders, rdp, delta):
+  eps = epsilon_at_orders(orders, jnp.sum(rdp, axis=0), delta)
+  return jnp.where(jnp.isnan(eps), jnp.inf, eps)
 
 
 @_compile.jit(static_argnames=("refine_order",))

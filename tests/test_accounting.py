@@ -122,19 +122,19 @@ def test_the_grid_search_equals_the_branch_and_bound_search(schedule):
   assert float(accounting.dpsgd_epsilon(q, s, t, d)) == eps
 
 
-def test_an_open_value_reruns_the_search_with_the_per_order_quadrature(monkeypatch):
+def test_an_open_value_is_filled_by_the_per_order_quadrature(monkeypatch):
   q, s, t = accounting._phases(Q, SIGMA, T)
   grid = np.asarray(jaxrdp.DEFAULT_ORDERS)
   expected = [float(v) for v in accounting._concrete_epsilon(q, s, t, np.asarray(DELTA), grid, True)]
   calls = []
-  evaluate = accounting._grid_epsilons
+  evaluate = accounting.composition.compute_rdp_unchecked
 
   def leave_one_open(*args, **kwargs):
-    eps, pending = evaluate(*args, **kwargs)
-    calls.append(1)
-    return eps, pending.at[3].set(True)   # a grid order the sums could not certify
+    rdp, pending = evaluate(*args, **kwargs)
+    calls.append(1)   # a grid order the sums could not certify: +inf and open
+    return rdp.at[:, 3].set(jnp.inf), pending.at[:, 3].set(True)
 
-  monkeypatch.setattr(accounting, "_grid_epsilons", leave_one_open)
+  monkeypatch.setattr(accounting.composition, "compute_rdp_unchecked", leave_one_open)
   got = [float(v) for v in accounting._concrete_epsilon(q, s, t, np.asarray(DELTA), grid, True)]
   assert calls and got == pytest.approx(expected, rel=1e-12, abs=0)
 
