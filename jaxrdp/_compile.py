@@ -33,6 +33,7 @@ import inspect
 import threading
 
 import jax
+import numpy as np
 
 _CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 _CACHE_SIZE = 64   # compiled executables kept per entry point (least recently used dropped)
@@ -41,7 +42,10 @@ _RUN_TIME_ELEMENTS = 2048   # from this many argument elements on, compile for r
 
 def _leaf_key(leaf):
   """What an executable compiled for ``leaf`` depends on: its abstract value (shape, dtype,
-  weak type) and, for a JAX array, its placement."""
+  weak type) and, for a JAX array, its placement. A NumPy array's is its shape and dtype
+  (read directly: this runs on every call)."""
+  if type(leaf) is np.ndarray:
+    return leaf.shape, leaf.dtype
   return jax.typeof(leaf), getattr(leaf, "sharding", None)
 
 

@@ -74,6 +74,8 @@ _BISECTION_STEPS = 40
 _CHUNK = 4096             # elements per lax.map step at level 0 (bounds memory)
 _BATCH = 65536            # elements per pass of the whole pipeline (bounds memory)
 _TAIL_STEPS = 24
+_WINDOW_STEPS = 20        # bisection steps of the shared-node window (it only needs ~1e-6 of
+                          # its bracket: the certificate checks the window's edges anyway)
 _HALF_WIDTH = 11.0        # window half-width in local standard deviations (e^{-60})
 _LOG_HALF = math.log(0.5)
 
@@ -209,7 +211,7 @@ def _bisect(fn, lo, hi, steps):
   return 0.5 * (lo + hi)
 
 
-def _modes(q_logit, sigma, alpha):
+def _modes(q_logit, sigma, alpha, steps=_BISECTION_STEPS):
   r"""Smallest and largest solutions of :math:`z = \alpha p(z)` and the local widths there.
 
   :math:`p(z) = \mathrm{sigmoid}((z - 1/2)/\sigma^2 + \mathrm{logit}\,q)` is the posterior
@@ -243,7 +245,7 @@ def _modes(q_logit, sigma, alpha):
   l_lo = jnp.where(left_in_lower, lo_all, z_c2)
   l_hi = jnp.where(left_in_lower, jnp.where(has_turns, z_c1, hi_all), hi_all)
   roots = _bisect(h, jnp.stack([r_lo, l_lo], axis=-1), jnp.stack([r_hi, l_hi], axis=-1),
-                  _BISECTION_STEPS)
+                  steps)
   p = p_of(roots)
   curvature = 1 - ex(alpha) * p * (1 - p) / ex(s2)  # -(d^2/dz^2 log integrand) * sigma^2
   widths = ex(sigma) / jnp.sqrt(jnp.maximum(curvature, 1.0 / 64))
@@ -363,7 +365,7 @@ def _shared_window(q, sigma, alpha):
   dtype = q.dtype
   log_q, log1m_q = jnp.log(q), jnp.log1p(-q)
   s2 = sigma * sigma
-  z_left, w_left, z_right, w_right = _modes(log_q - log1m_q, sigma, alpha)
+  z_left, w_left, z_right, w_right = _modes(log_q - log1m_q, sigma, alpha, _WINDOW_STEPS)
   distinct = z_right - z_left > _HALF_WIDTH * (w_left + w_right)
   w_low = jnp.where(z_left <= 2.0 + _HALF_WIDTH * w_left, w_left, sigma)
   lo = jnp.minimum(0.0, jnp.where(distinct, z_left, 0.0)) - _HALF_WIDTH * w_low
@@ -388,7 +390,7 @@ def _shared_window(q, sigma, alpha):
     return (alpha * (alpha - 1) - (z - alpha) ** 2) / (2 * s2) + alpha * ell_minus_u + log_norm
   z_top = jnp.maximum(2.0, z_right)
   far = jnp.maximum(z_top, alpha) + 20 * sigma
-  tail_end = _bisect(lambda z: ref - depth - log_f(z), z_top, far, _TAIL_STEPS)
+  tail_end = _bisect(lambda z: ref - depth - log_f(z), z_top, far, _WINDOW_STEPS)
   hi = jnp.maximum(hi_a, jnp.maximum(z_right + _HALF_WIDTH * w_right, tail_end))
   return lo, hi
 

@@ -103,7 +103,8 @@ SCHEDULES = [
 ]
 
 
-@pytest.mark.parametrize("schedule", range(len(SCHEDULES)))
+@pytest.mark.parametrize("schedule", [0] + [pytest.param(i, marks=pytest.mark.slow)
+                                          for i in range(1, len(SCHEDULES))])
 def test_the_grid_search_equals_the_branch_and_bound_search(schedule):
   # A concrete grid is searched by evaluating every order (exact sums, shared nodes) and
   # refining in slots of the same program, from the host; a traced grid by branch and bound
@@ -115,10 +116,11 @@ def test_the_grid_search_equals_the_branch_and_bound_search(schedule):
   grid = np.asarray(jaxrdp.DEFAULT_ORDERS)
   eps_bb, best_bb = (float(v) for v in accounting._search_epsilon(q, s, t, d, jnp.asarray(grid), True))
   eps, best = (float(v) for v in accounting._concrete_epsilon(q, s, t, d, grid, True))
-  jitted = float(jax.jit(accounting.dpsgd_epsilon)(q, s, t, d))
   assert eps == pytest.approx(eps_bb, rel=1e-12, abs=0)
   assert best == pytest.approx(best_bb, rel=1e-12, abs=0)
-  assert jitted == pytest.approx(eps, rel=1e-12, abs=0)
+  if q.shape == (1,):   # (one compiled program for the constant schedules)
+    jitted = float(jax.jit(accounting.dpsgd_epsilon)(q, s, t, d))
+    assert jitted == pytest.approx(eps, rel=1e-12, abs=0)
   assert float(accounting.dpsgd_epsilon(q, s, t, d)) == eps
 
 

@@ -1,6 +1,7 @@
 """Large inputs run in bounded memory (chunks of the kernel) and give the same numbers."""
 
 import numpy as np
+import pytest
 
 import jaxrdp
 from jaxrdp import sampled_gaussian
@@ -21,6 +22,7 @@ def test_chunked_equals_unchunked():
   assert np.all(np.isfinite(whole))
 
 
+@pytest.mark.slow   # ~10 s; `pytest -m slow` (bench_scale.py measures the same case)
 def test_hundred_thousand_orders_from_one():
   # dp_accounting's own tests use 99,000 orders starting at alpha = 1.0.
   orders = np.linspace(1.0, 100.0, 100_000)
