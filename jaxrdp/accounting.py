@@ -159,8 +159,7 @@ def _grid_values(q, sigma, t, delta, orders, split, tables, fallback):
   (only without ``fallback``, which leaves out the per-order quadrature)."""
   out = composition.rdp_of_steps(q, sigma, t, orders, split, tables, fallback=fallback)
   rdp, pending = (out, jnp.zeros(out.shape, bool)) if fallback else out
-  eps = epsilon_at_orders(orders, jnp.sum(rdp, axis=0), delta)
-  return jnp.where(jnp.isnan(eps), jnp.inf, eps), jnp.any(pending, axis=0)
+  return _composed_epsilons(orders, rdp, delta), jnp.any(pending, axis=0)
 
 
 def _search_orders(state, orders, xp):
@@ -265,22 +264,29 @@ def _concrete_epsilon(q, sigma, t, delta, grid, refine_order):
 
 
 def _concrete_epsilons(q, sigma, t, delta, orders, split, tables):
-  """ε (NaN as +inf) at each of the concrete ``orders`` for the schedule: the program of
-  ``compute_rdp`` without the per-order quadrature, what it leaves open (rare) filled on the
-  host (:func:`jaxrdp.sampled_gaussian.fill_pending`: compiled only then), then the
-  conversion."""
-  rdp, pending = composition.compute_rdp_unchecked(q, sigma, t, orders, split, tables,
-                                                   fallback=False)
+  """ε (NaN as +inf) at each of the concrete ``orders`` for the schedule: one compiled program
+  without the per-order quadrature (:func:`_grid_evaluation`); what it leaves open (rare) is
+  filled on the host (:func:`jaxrdp.sampled_gaussian.fill_pending`: compiled only then) and
+  converted again."""
+  rdp, pending, eps = _grid_evaluation(q, sigma, t, delta, orders, split, tables)
   pending = np.asarray(pending)
   if pending.any():
     rdp = sampled_gaussian.fill_pending(rdp, pending, q, sigma, orders, t)
-  return np.asarray(_composed_epsilons(orders, rdp, delta))
+    eps = jax.jit(_composed_epsilons)(orders, rdp, delta)
+  return np.asarray(eps)
 
 
-@jax.jit
 def _composed_epsilons(orders, rdp, delta):
   eps = epsilon_at_orders(orders, jnp.sum(rdp, axis=0), delta)
   return jnp.where(jnp.isnan(eps), jnp.inf, eps)
+
+
+@functools.partial(_compile.jit, static_argnames=("split",), work=_work)
+def _grid_evaluation(q, sigma, t, delta, orders, split, tables):
+  """(RDP per phase and order, which are left open, ε of the composition at each order) for
+  a concrete grid: the exact sums and shared nodes, without the per-order quadrature."""
+  rdp, pending = composition.rdp_of_steps(q, sigma, t, orders, split, tables, fallback=False)
+  return rdp, pending, _composed_epsilons(orders, rdp, delta)   # rdp: only read when filled
 
 
 @_compile.jit(static_argnames=("refine_order",))

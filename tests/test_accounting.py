@@ -129,14 +129,14 @@ def test_an_open_value_is_filled_by_the_per_order_quadrature(monkeypatch):
   grid = np.asarray(jaxrdp.DEFAULT_ORDERS)
   expected = [float(v) for v in accounting._concrete_epsilon(q, s, t, np.asarray(DELTA), grid, True)]
   calls = []
-  evaluate = accounting.composition.compute_rdp_unchecked
+  evaluate = accounting._grid_evaluation
 
   def leave_one_open(*args, **kwargs):
-    rdp, pending = evaluate(*args, **kwargs)
-    calls.append(1)   # a grid order the sums could not certify: +inf and open
-    return rdp.at[:, 3].set(jnp.inf), pending.at[:, 3].set(True)
+    rdp, pending, eps = evaluate(*args, **kwargs)
+    calls.append(1)   # as if nothing could be certified: every value +inf and open
+    return jnp.full_like(rdp, jnp.inf), jnp.ones_like(pending), jnp.full_like(eps, jnp.inf)
 
-  monkeypatch.setattr(accounting.composition, "compute_rdp_unchecked", leave_one_open)
+  monkeypatch.setattr(accounting, "_grid_evaluation", leave_one_open)
   got = [float(v) for v in accounting._concrete_epsilon(q, s, t, np.asarray(DELTA), grid, True)]
   assert calls and got == pytest.approx(expected, rel=1e-12, abs=0)
 
