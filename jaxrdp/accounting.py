@@ -7,11 +7,21 @@ addition (Mironov 2017, Prop. 1), so the schedule's RDP at order α is
 (ε, δ)-DP (:func:`jaxrdp.compute_epsilon`, minimised over the orders).
 
 Optimal order: after the grid, the order is refined continuously (8 orders per step in the
-bracket around the best grid order, in the same loop as the grid search, so the kernel is
-compiled once; the conversion is smooth and unimodal in α there). The result is the
-minimum of the grid value and the refined value: never looser than the grid, and never below
-the true RDP-based value, since every order gives a valid bound. Gradients follow the
-envelope theorem: the optimal order is held fixed (exact, since ε is minimised over it).
+bracket around the best grid order; the conversion is smooth and unimodal in α there). The
+result is the minimum of the grid value and the refined value: never looser than the grid,
+and never below the true RDP-based value, since every order gives a valid bound. Gradients
+follow the envelope theorem: the optimal order is held fixed (exact, since ε is minimised
+over it).
+
+How it is evaluated: on a concrete grid (the default) every grid order goes through the exact
+sums and the shared nodes (:func:`jaxrdp.sampled_gaussian.log_a_and_rdp_at_orders`) and the
+refinement's orders through 8 extra slots of the same program (:func:`_search_orders` and
+:func:`_search_update`, driven from the host for concrete inputs, one loop in the graph for
+traced ones);
+calibrations run their safe-side search on that evaluation, and the envelope gradient is
+taken at the one optimal order through its own split. The per-order quadrature is compiled
+only when something is left open (then it fills just those values). A traced grid uses the
+branch and bound of :mod:`jaxrdp._order_search` with the per-order quadrature: the same ε.
 """
 
 from __future__ import annotations

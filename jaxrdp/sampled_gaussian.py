@@ -46,8 +46,9 @@ A concrete grid of orders (:func:`log_a_and_rdp_at_orders`, used by ``compute_rd
 ``sweep``) is cheaper: integer orders up to 4096 are the exact binomial sum
 (:func:`_log_j_integer`), and fractional orders up to 64 share one grid of nodes per (q, sigma)
 and group of orders (:func:`_log_j_shared`: the logarithms of the integrand once per node,
-two exponentials and one expm1 per (node, order)), certified per order in the same way; the
-per-order kernel above computes whatever is left.
+two exponentials and one expm1 per (node, order); in large batches every second node first,
+the midpoints only where needed; derivatives on the same nodes in the same pass), certified
+per order in the same way; the per-order kernel above computes whatever is left.
 """
 
 from __future__ import annotations
