@@ -463,16 +463,21 @@ def calibrate_noise_multiplier(target_epsilon: jax.typing.ArrayLike, delta: jax.
   q, _, t = _phases(sampling_rate, 1.0, steps)
   grid = _orders(orders, q.dtype)
   target, delta = jnp.asarray(target_epsilon, q.dtype), jnp.asarray(delta, q.dtype)
-  split = _concrete_split(grid)
-  if split is None:
-    result = _calibrate_sigma(target, delta, q, t, grid)
-  else:
-    result = _first_without_fallback(
-        functools.partial(_calibrate_sigma_on_grid, split=split[0]), target, delta, q, t, grid, split[1])
-  if _validation.is_concrete(result) and bool(jnp.isnan(result)):
+  result = _calibrated(_calibrate_sigma, _calibrate_sigma_on_grid, target, delta, q, t, grid)
+  if _validation.is_concrete(result) and np.isnan(np.asarray(result)):
     raise ValueError(f"target_epsilon={float(target_epsilon)} is not reachable with any noise "
                      "multiplier up to 1e8 for this schedule and delta.")
   return result
+
+
+def _calibrated(on_any_grid, on_concrete_grid, *args):
+  """A calibration's search: ``on_concrete_grid`` (every order through the grid's split; the
+  per-order quadrature only if a value is left open) where the grid (the last argument) is
+  concrete, ``on_any_grid`` (branch and bound) where it is traced."""
+  split = _concrete_split(args[-1])
+  if split is None:
+    return on_any_grid(*args)
+  return _first_without_fallback(functools.partial(on_concrete_grid, split=split[0]), *args, split[1])
 
 
 def _concrete_split(grid):
@@ -530,13 +535,8 @@ def calibrate_sampling_rate(target_epsilon: jax.typing.ArrayLike, delta: jax.typ
   _, sigma, t = _phases(0.5, noise_multiplier, steps)
   grid = _orders(orders, sigma.dtype)
   target, delta = jnp.asarray(target_epsilon, sigma.dtype), jnp.asarray(delta, sigma.dtype)
-  split = _concrete_split(grid)
-  if split is None:
-    result = _calibrate_q(target, delta, sigma, t, grid)
-  else:
-    result = _first_without_fallback(
-        functools.partial(_calibrate_q_on_grid, split=split[0]), target, delta, sigma, t, grid, split[1])
-  if _validation.is_concrete(result) and bool(jnp.isnan(result)):
+  result = _calibrated(_calibrate_q, _calibrate_q_on_grid, target, delta, sigma, t, grid)
+  if _validation.is_concrete(result) and np.isnan(np.asarray(result)):
     raise ValueError(f"target_epsilon={float(target_epsilon)} is not reachable with any sampling "
                      "rate >= 1e-12 for this noise multiplier, step count and delta.")
   return result
