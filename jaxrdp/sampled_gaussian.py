@@ -1003,9 +1003,9 @@ def _log_j_shared(q, sigma, alphas, tangents=None, tiers=1):
   per-order kernel: they decide where and relative to what to sum, not the value).
 
   ``tiers=2`` (for large batches): every second node first (the rules on 65, 33 and 17
-  nodes); rows with an order that this cannot certify then get the 64 midpoints (compacted,
-  in a loop), and the rules on 129, 65 and 33 nodes decide, as with one tier. Most rows
-  certify on 65 nodes, so this costs about 60 % of one tier of 129 nodes.
+  nodes); rows with an order that this cannot certify are then refined level by level (129,
+  257, 513 nodes; :func:`_second_tier`). Most rows certify on 65 nodes, so this costs about
+  60 % of one tier of 129 nodes, and certifies more (small sigma, wide windows).
 
   The window is the union of the per-order windows (:func:`_shared_window`) of the row's smallest
   and largest order: the bumps move right with the order, and the certificate checks every
@@ -1072,37 +1072,63 @@ def _log_j_shared(q, sigma, alphas, tangents=None, tiers=1):
   return log_j if tangents is None else (log_j, jnp.where(failed, 0.0, d_log_j))
 
 
+_SHARED_LEVELS = 3   # levels after the first tier: 129, 257, 513 nodes
+
+
 def _second_tier(q, sigma, alphas, lo, h, m_ref, ref, failed, first):
   """log J (r, g) of :func:`_log_j_shared` with two tiers: the first tier's value where it is
-  certified; in every row with an order it could not certify, the 64 midpoints are added
-  (T(h) = T(2h)/2 + h * sum of the midpoints, relative to the same reference) and the rules on
-  129, 65 and 33 nodes decide, as with one tier. Rows are compacted: a loop over batches of a
-  quarter of the rows runs until none is left (no pass when every row certified)."""
+  certified; every row with an order it could not certify is refined level by level, each
+  halving the step (129, 257, then 513 nodes: T(h/2) = T(h)/2 + (h/2) * sum of the new
+  midpoints, relative to the same reference), until all its orders are certified or the last
+  level is done; the rules on the last three levels decide, as with one tier. One block of 64
+  midpoints per row and step, for a compacted batch of a quarter of the rows at a time (rows
+  at different levels side by side: one copy of the integrand), until no row is left."""
   r, g = alphas.shape
   dtype = q.dtype
   cap = max(1, r // 4)
-  mid = 2 * jnp.arange(_SHARED_INTERVALS // 2, dtype=dtype) + 1
+  block = _SHARED_INTERVALS // 2
+  within = 2 * jnp.arange(block, dtype=dtype) + 1
   ex = lambda v: v[:, None, None]
+  # Per row: level being built (1..), block of it, the midpoint sum so far, the sum and the
+  # rule of the last complete level and the rule of the one before (all relative to ref).
+  state = dict(level=jnp.ones((r,), dtype), block=jnp.zeros((r,), dtype),
+               partial=jnp.zeros((r, g), dtype), total=first["total"], log_t=first["log_t"],
+               older=first["coarse"], log_j=jnp.where(failed, jnp.inf, first["log_t"] + first["shift"]),
+               failed=failed, pending=jnp.any(failed, axis=-1))
 
   def body(state):
-    log_j, need = state
-    idx = jnp.nonzero(need, size=cap, fill_value=r)[0]
+    idx = jnp.nonzero(state["pending"], size=cap, fill_value=r)[0]
     take = jnp.minimum(idx, r - 1)
-    q_, s_, h_ = q[take], sigma[take], h[take]
-    nodes = _grid_nodes(ex(lo[take]) + ex(h_) * mid, ex(s_), ex(jnp.log(q_)), ex(jnp.log1p(-q_)), ex(q_))
+    row = {k: v[take] for k, v in state.items()}
+    q_, s_, h_ = q[take], sigma[take], 2 * h[take] / jnp.exp2(row["level"])   # this level's step
+    z = ex(lo[take]) + ex(h_) * (2 * block * row["block"][:, None, None] + within)
+    nodes = _grid_nodes(z, ex(s_), ex(jnp.log(q_)), ex(jnp.log1p(-q_)), ex(q_))
     e, mult = _grid_terms(nodes, ex(s_), alphas[take][..., None], m_ref[take])
-    midpoints = jnp.sum(jnp.exp(jnp.maximum(e - ref[take], _exp_floor(dtype))) * mult, axis=-1)
-    pick = lambda name: first[name][take]
-    log_t = jnp.log(pick("total") + midpoints) + pick("base") + jnp.log(h_)[:, None]
-    still = _assess(log_t, pick("log_t"), pick("coarse"), pick("edge"), pick("shift"),
+    partial = row["partial"] + jnp.sum(jnp.exp(jnp.maximum(e - ref[take], _exp_floor(dtype))) * mult,
+                                       axis=-1)
+    complete = (row["block"] == jnp.exp2(row["level"] - 1) - 1)[:, None]
+    total = row["total"] + partial
+    log_t = jnp.log(total) + first["base"][take] + jnp.log(h_)[:, None]
+    shift = first["shift"][take]
+    still = _assess(log_t, row["log_t"], row["older"], first["edge"][take], shift,
                     jnp.broadcast_to(h_[:, None], (cap, g)), s_[:, None], alphas[take])
-    value = jnp.where(failed[take], jnp.where(still, jnp.inf, log_t + pick("shift")), log_j[take])
+    newly = complete & row["failed"] & ~still
+    last = row["level"] == _SHARED_LEVELS
+    failed = row["failed"] & ~newly
+    done = complete[:, 0] & (~jnp.any(failed, axis=-1) | last)
+    out = dict(level=jnp.where(complete[:, 0], row["level"] + 1, row["level"]),
+               block=jnp.where(complete[:, 0], 0.0, row["block"] + 1),
+               partial=jnp.where(complete, 0.0, partial),
+               total=jnp.where(complete, total, row["total"]),
+               log_t=jnp.where(complete, log_t, row["log_t"]),
+               older=jnp.where(complete, row["log_t"], row["older"]),
+               log_j=jnp.where(newly, log_t + shift, row["log_j"]),
+               failed=failed, pending=~done)
     keep = jnp.where(idx < r, idx, r)   # out-of-range writes are dropped
-    return log_j.at[keep].set(value, mode="drop"), need.at[keep].set(False, mode="drop")
+    return {k: state[k].at[keep].set(out[k], mode="drop") for k in state}
 
-  log_j = jnp.where(failed, jnp.inf, first["log_t"] + first["shift"])
-  log_j, _ = lax.while_loop(lambda st: jnp.any(st[1]), body, (log_j, jnp.any(failed, axis=-1)))
-  return log_j
+  state = lax.while_loop(lambda st: jnp.any(st["pending"]), body, state)
+  return state["log_j"]
 
 
 def _shared_values(q, sigma, alphas, groups, tangents=None):
