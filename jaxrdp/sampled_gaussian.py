@@ -1089,46 +1089,54 @@ def _second_tier(q, sigma, alphas, lo, h, m_ref, ref, failed, first):
   block = _SHARED_INTERVALS // 2
   within = 2 * jnp.arange(block, dtype=dtype) + 1
   ex = lambda v: v[:, None, None]
-  # Per row: level being built (1..), block of it, the midpoint sum so far, the sum and the
-  # rule of the last complete level and the rule of the one before (all relative to ref).
-  state = dict(level=jnp.ones((r,), dtype), block=jnp.zeros((r,), dtype),
-               partial=jnp.zeros((r, g), dtype), total=first["total"], log_t=first["log_t"],
-               older=first["coarse"], log_j=jnp.where(failed, jnp.inf, first["log_t"] + first["shift"]),
-               failed=failed, pending=jnp.any(failed, axis=-1))
+  # Two packed matrices (one gather per step, one scatter; few kernels to compile). Fixed per
+  # row: q sigma h lo | alphas m_ref ref base shift edge. State per row: level being built
+  # (1..), block of it | the midpoint sum so far, the sum and the rule of the last complete
+  # level, the rule of the one before (all relative to ref), log J, failed.
+  fixed = jnp.concatenate([jnp.stack([q, sigma, h, lo], axis=-1), alphas, m_ref[..., 0],
+                           ref[..., 0], first["base"], first["shift"], first["edge"]], axis=-1)
+  state = jnp.concatenate([jnp.ones((r, 1), dtype), jnp.zeros((r, 1), dtype),
+                           jnp.zeros((r, g), dtype), first["total"], first["log_t"], first["coarse"],
+                           jnp.where(failed, jnp.inf, first["log_t"] + first["shift"]),
+                           failed.astype(dtype)], axis=-1)
+  part = lambda m, k: m[:, 4 + k * g:4 + (k + 1) * g]   # k-th per-order block of `fixed`
+  cell = lambda m, k: m[:, 2 + k * g:2 + (k + 1) * g]   # k-th per-order block of `state`
 
-  def body(state):
-    idx = jnp.nonzero(state["pending"], size=cap, fill_value=r)[0]
+  def body(carry):
+    state, pending = carry
+    idx = jnp.nonzero(pending, size=cap, fill_value=r)[0]
     take = jnp.minimum(idx, r - 1)
-    row = {k: v[take] for k, v in state.items()}
-    q_, s_, h_ = q[take], sigma[take], 2 * h[take] / jnp.exp2(row["level"])   # this level's step
-    z = ex(lo[take]) + ex(h_) * (2 * block * row["block"][:, None, None] + within)
+    fx, st = fixed[take], state[take]
+    q_, s_, h0, lo_ = (fx[:, i] for i in range(4))
+    alphas_, m_ref_, ref_, base, shift, edge = (part(fx, k) for k in range(6))
+    level, blk = st[:, 0], st[:, 1]
+    partial, total, log_t, older, log_j, still_failed = (cell(st, k) for k in range(6))
+    h_ = 2 * h0 / jnp.exp2(level)   # this level's step
+    z = ex(lo_) + ex(h_) * (2 * block * blk[:, None, None] + within)
     nodes = _grid_nodes(z, ex(s_), ex(jnp.log(q_)), ex(jnp.log1p(-q_)), ex(q_))
-    e, mult = _grid_terms(nodes, ex(s_), alphas[take][..., None], m_ref[take])
-    partial = row["partial"] + jnp.sum(jnp.exp(jnp.maximum(e - ref[take], _exp_floor(dtype))) * mult,
-                                       axis=-1)
-    complete = (row["block"] == jnp.exp2(row["level"] - 1) - 1)[:, None]
-    total = row["total"] + partial
-    log_t = jnp.log(total) + first["base"][take] + jnp.log(h_)[:, None]
-    shift = first["shift"][take]
-    still = _assess(log_t, row["log_t"], row["older"], first["edge"][take], shift,
-                    jnp.broadcast_to(h_[:, None], (cap, g)), s_[:, None], alphas[take])
-    newly = complete & row["failed"] & ~still
-    last = row["level"] == _SHARED_LEVELS
-    failed = row["failed"] & ~newly
-    done = complete[:, 0] & (~jnp.any(failed, axis=-1) | last)
-    out = dict(level=jnp.where(complete[:, 0], row["level"] + 1, row["level"]),
-               block=jnp.where(complete[:, 0], 0.0, row["block"] + 1),
-               partial=jnp.where(complete, 0.0, partial),
-               total=jnp.where(complete, total, row["total"]),
-               log_t=jnp.where(complete, log_t, row["log_t"]),
-               older=jnp.where(complete, row["log_t"], row["older"]),
-               log_j=jnp.where(newly, log_t + shift, row["log_j"]),
-               failed=failed, pending=~done)
+    e, mult = _grid_terms(nodes, ex(s_), alphas_[..., None], m_ref_[..., None])
+    partial = partial + jnp.sum(jnp.exp(jnp.maximum(e - ref_[..., None], _exp_floor(dtype))) * mult,
+                                axis=-1)
+    complete = blk == jnp.exp2(level - 1) - 1
+    new_total = total + partial
+    new_log_t = jnp.log(new_total) + base + jnp.log(h_)[:, None]
+    still = _assess(new_log_t, log_t, older, edge, shift, jnp.broadcast_to(h_[:, None], (cap, g)),
+                    s_[:, None], alphas_)
+    was_failed = still_failed > 0
+    newly = complete[:, None] & was_failed & ~still
+    failed_now = was_failed & ~newly
+    done = complete & (~jnp.any(failed_now, axis=-1) | (level == _SHARED_LEVELS))
+    c = complete[:, None]
+    out = jnp.concatenate([
+        jnp.stack([jnp.where(complete, level + 1, level), jnp.where(complete, 0.0, blk + 1)], -1),
+        jnp.where(c, 0.0, partial), jnp.where(c, new_total, total), jnp.where(c, new_log_t, log_t),
+        jnp.where(c, log_t, older), jnp.where(newly, new_log_t + shift, log_j),
+        failed_now.astype(dtype)], axis=-1)
     keep = jnp.where(idx < r, idx, r)   # out-of-range writes are dropped
-    return {k: state[k].at[keep].set(out[k], mode="drop") for k in state}
+    return state.at[keep].set(out, mode="drop"), pending.at[keep].set(~done, mode="drop")
 
-  state = lax.while_loop(lambda st: jnp.any(st["pending"]), body, state)
-  return state["log_j"]
+  state, _ = lax.while_loop(lambda c: jnp.any(c[1]), body, (state, jnp.any(failed, axis=-1)))
+  return cell(state, 4)
 
 
 def _shared_values(q, sigma, alphas, groups, tangents=None):
