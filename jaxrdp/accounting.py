@@ -266,11 +266,50 @@ def _concrete_epsilon(q, sigma, t, delta, grid, refine_order):
     if apart and state[0] > 0:   # the grid's values are not used after step 0
       eps = _concrete_epsilons(q, sigma, t, delta, alphas[k:], slots_split, None)
       eps = np.concatenate([np.full(k, np.inf, eps.dtype), eps])
+    elif apart:
+      eps = _pruned_grid_epsilons(q, sigma, t, delta, alphas, split, tables, slots_split)
     else:
       eps = _concrete_epsilons(q, sigma, t, delta, alphas, split, tables)
     state = _search_update(state, eps, np.zeros(eps.shape, bool), orders, steps, np)
   eps, best, _ = _search_result(state, np.asarray(delta), np)
   return jnp.asarray(eps), jnp.asarray(best)
+
+
+_BOUND_BINS = 64   # bins of phases whose bounds decide which grid orders a long schedule needs
+
+
+def _pruned_grid_epsilons(q, sigma, t, delta, orders, split, tables, slots_split):
+  """ε at the grid orders of a long schedule (``orders``: the grid and its slots, +inf at the
+  slots), exact wherever it can be the minimum over the grid, +inf elsewhere.
+
+  RDP is non-decreasing in q and non-increasing in σ (Mironov, Talwar, Zhang 2019), so for
+  the phases sorted by σ and cut into _BOUND_BINS bins, the bin's steps times the RDP at
+  (its largest q, its smallest σ) bound its RDP from above, at (smallest q, largest σ) from
+  below: 2 * _BOUND_BINS pairs give an upper and a lower bound of ε at every order. An order
+  whose lower bound exceeds the best upper bound (with a rounding slack far above the RDP's
+  own rounding) cannot be the minimum; only the others are evaluated for every phase, in
+  batches of _BATCH through the slots' program (shared nodes at every order, integer ones
+  too: the same values to rounding). Falls back to the whole grid when the bounds keep more
+  than half of it."""
+  k = orders.shape[0] - _order_search._BATCH
+  grid = orders[:k]
+  bins = [b for b in np.array_split(np.argsort(sigma, kind="stable"), _BOUND_BINS) if b.size]
+  steps = np.array([t[b].sum() for b in bins])
+  pairs = [(q[b].max(), sigma[b].min()) for b in bins] + [(q[b].min(), sigma[b].max()) for b in bins]
+  bq, bs = (np.array(v, q.dtype) for v in zip(*pairs))
+  bound = _concrete_epsilons(bq[:len(bins)], bs[:len(bins)], steps, delta, orders, split, tables)[:k]
+  low = _concrete_epsilons(bq[len(bins):], bs[len(bins):], steps, delta, orders, split, tables)[:k]
+  slack = 1e-9 if np.finfo(q.dtype).bits > 32 else 1e-3
+  keep = np.nonzero(~(low > np.min(bound) * (1 + slack)))[0]   # NaN bounds are kept
+  if 2 * keep.size > k:
+    return _concrete_epsilons(q, sigma, t, delta, orders, split, tables)
+  eps = np.full(orders.shape, np.inf, orders.dtype)
+  keep = keep[np.argsort(grid[keep], kind="stable")]   # a group's orders ascend
+  for start in range(0, keep.size, _order_search._BATCH):
+    idx = keep[start:start + _order_search._BATCH]
+    alphas = grid[idx[np.minimum(np.arange(_order_search._BATCH), idx.size - 1)]]
+    eps[idx] = _concrete_epsilons(q, sigma, t, delta, alphas, slots_split, None)[:idx.size]
+  return eps
 
 
 def _concrete_epsilons(q, sigma, t, delta, orders, split, tables):

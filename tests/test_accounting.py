@@ -161,3 +161,21 @@ def test_calibration_on_the_grid_equals_the_branch_and_bound_calibration():
   new = float(jaxrdp.calibrate_noise_multiplier(2.0, DELTA, Q, T))
   assert new == pytest.approx(old, rel=1e-8)
   assert _grid_eps(Q, new, T, DELTA) <= 2.0
+
+
+@pytest.mark.parametrize("refine", [False, True])
+def test_long_schedules_prune_orders_without_changing_epsilon(refine, monkeypatch):
+  # A long schedule evaluates only the grid orders whose bound (phases binned by σ, RDP
+  # monotone in q and σ) can still reach the minimum, and refines in the slots alone: the
+  # same ε and order as evaluating the whole grid at every step (to the kernels' rounding).
+  rng = np.random.default_rng(3)
+  n = 200
+  q = np.exp(rng.uniform(np.log(1e-3), np.log(0.05), n))
+  sigma = rng.uniform(0.7, 2.0, n)
+  t = rng.integers(1, 50, n).astype(float)
+  grid = np.asarray(jaxrdp.DEFAULT_ORDERS)
+  assert n * (grid.size + 8) >= accounting._SLOTS_APART
+  pruned = [float(v) for v in accounting._concrete_epsilon(q, sigma, t, np.asarray(1e-6), grid, refine)]
+  monkeypatch.setattr(accounting, "_SLOTS_APART", np.inf)
+  whole = [float(v) for v in accounting._concrete_epsilon(q, sigma, t, np.asarray(1e-6), grid, refine)]
+  assert pruned == pytest.approx(whole, rel=1e-12, abs=0)
