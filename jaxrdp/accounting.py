@@ -17,11 +17,12 @@ How it is evaluated: on a concrete grid (the default) every grid order goes thro
 sums and the shared nodes (:func:`jaxrdp.sampled_gaussian.log_a_and_rdp_at_orders`) and the
 refinement's orders through 8 extra slots of the same program (:func:`_search_orders` and
 :func:`_search_update`, driven from the host for concrete inputs, one loop in the graph for
-traced ones);
-calibrations run their safe-side search on that evaluation, and the envelope gradient is
-taken at the one optimal order through its own split. The per-order quadrature is compiled
-only when something is left open (then it fills just those values). A traced grid uses the
-branch and bound of :mod:`jaxrdp._order_search` with the per-order quadrature: the same ε.
+traced ones). Long schedules evaluate each phase only at the grid orders that bounds from
+the phases binned by σ leave in play (:func:`_pruned_grid_epsilons`). Calibrations run their
+safe-side search on the full evaluation, and the envelope gradient is taken at the one
+optimal order through its own split. The per-order quadrature is compiled only when
+something is left open (then it fills just those values). A traced grid uses the branch and
+bound of :mod:`jaxrdp._order_search` with the per-order quadrature: the same ε.
 """
 
 from __future__ import annotations
