@@ -81,6 +81,12 @@ _HALF_WIDTH = 11.0        # window half-width in local standard deviations (e^{-
 _LOG_HALF = math.log(0.5)
 
 
+def _pow2(k):
+  """2**k for a float array of small integers k, exactly (XLA's float64 exp2 is not: on CPU
+  exp2(3.) = 8 - 2e-15, which would break the block counters of the refinement loops)."""
+  return jnp.ldexp(jnp.ones_like(k), k.astype(jnp.int32))
+
+
 def _log_exprel_nonpositive(t):
   """log((e^t - 1)/t) for t <= 0: the ratio lies in (0, 1], so nothing overflows."""
   nonzero = t != 0
@@ -534,13 +540,13 @@ def _refine(place, q, sigma, alpha, log_t, d_t, edge, failed, total_coarse, with
     if n_grad:
       d_old, d_acc = rows[:, 17:23].reshape(-1, 2, 3), rows[:, 23:29].reshape(-1, 2, 3)
     pl = (a0_, a1_, b0_, b1_, None, m_ref_)
-    coarse_intervals = _BLOCK * jnp.exp2(level - 1)
+    coarse_intervals = _BLOCK * _pow2(level - 1)
     j = (_BLOCK * block)[:, None] + within
     fraction = (2 * j - coarse_intervals[:, None]) / coarse_intervals[:, None]
     v, dv = _node_values(pl, q_, s_, a_, fraction, with_grad)
     blk, d_blk = _sum_with_mean(v, dv, axis=-1)
     acc, d_acc = _add_with_mean(acc, d_acc, blk, d_blk)
-    last_block = block == jnp.exp2(level - 1) - 1
+    last_block = block == _pow2(level - 1) - 1
     # Level complete: T(h/2) = T(h)/2 + (h/2) * sum over the new midpoints.
     widths = jnp.stack([a1_ - a0_, b1_ - b0_], axis=-1)
     log_half_h = jnp.log(widths / (2 * coarse_intervals[:, None]))
@@ -1004,7 +1010,7 @@ def _log_j_shared(q, sigma, alphas, tangents=None, tiers=1):
 
   ``tiers=2`` (for large batches): every second node first (the rules on 65, 33 and 17
   nodes); rows with an order that this cannot certify are then refined level by level (129,
-  257, 513 nodes; :func:`_second_tier`). Most rows certify on 65 nodes, so this costs about
+  257, ..., 4097 nodes; :func:`_second_tier`). Most rows certify on 65 nodes, so this costs about
   60 % of one tier of 129 nodes, and certifies more (small sigma, wide windows).
 
   The window is the union of the per-order windows (:func:`_shared_window`) of the row's smallest
@@ -1072,13 +1078,13 @@ def _log_j_shared(q, sigma, alphas, tangents=None, tiers=1):
   return log_j if tangents is None else (log_j, jnp.where(failed, 0.0, d_log_j))
 
 
-_SHARED_LEVELS = 3   # levels after the first tier: 129, 257, 513 nodes
+_SHARED_LEVELS = 6   # levels after the first tier: 129, 257, ..., 4097 nodes
 
 
 def _second_tier(q, sigma, alphas, lo, h, m_ref, ref, failed, first):
   """log J (r, g) of :func:`_log_j_shared` with two tiers: the first tier's value where it is
   certified; every row with an order it could not certify is refined level by level, each
-  halving the step (129, 257, then 513 nodes: T(h/2) = T(h)/2 + (h/2) * sum of the new
+  halving the step (129, 257, ..., 4097 nodes: T(h/2) = T(h)/2 + (h/2) * sum of the new
   midpoints, relative to the same reference), until all its orders are certified or the last
   level is done; the rules on the last three levels decide, as with one tier. One block of 64
   midpoints per row and step, for a compacted batch of a quarter of the rows at a time (rows
@@ -1111,13 +1117,13 @@ def _second_tier(q, sigma, alphas, lo, h, m_ref, ref, failed, first):
     alphas_, m_ref_, ref_, base, shift, edge = (part(fx, k) for k in range(6))
     level, blk = st[:, 0], st[:, 1]
     partial, total, log_t, older, log_j, still_failed = (cell(st, k) for k in range(6))
-    h_ = 2 * h0 / jnp.exp2(level)   # this level's step
+    h_ = 2 * h0 / _pow2(level)   # this level's step
     z = ex(lo_) + ex(h_) * (2 * block * blk[:, None, None] + within)
     nodes = _grid_nodes(z, ex(s_), ex(jnp.log(q_)), ex(jnp.log1p(-q_)), ex(q_))
     e, mult = _grid_terms(nodes, ex(s_), alphas_[..., None], m_ref_[..., None])
     partial = partial + jnp.sum(jnp.exp(jnp.maximum(e - ref_[..., None], _exp_floor(dtype))) * mult,
                                 axis=-1)
-    complete = blk == jnp.exp2(level - 1) - 1
+    complete = blk == _pow2(level - 1) - 1
     new_total = total + partial
     new_log_t = jnp.log(new_total) + base + jnp.log(h_)[:, None]
     still = _assess(new_log_t, log_t, older, edge, shift, jnp.broadcast_to(h_[:, None], (cap, g)),
@@ -1139,10 +1145,12 @@ def _second_tier(q, sigma, alphas, lo, h, m_ref, ref, failed, first):
   return cell(state, 4)
 
 
-def _shared_values(q, sigma, alphas, groups, tangents=None):
+def _shared_values(q, sigma, alphas, groups, tangents=None, refine=False):
   """log J (n, m) of the orders of ``groups`` (static tuples of positions into ``alphas``, (m,))
   on shared nodes, +inf at every other order; with ``tangents`` (of q, sigma (n,), alphas)
-  also their tangents (0 elsewhere)."""
+  also their tangents (0 elsewhere). ``refine``: two tiers even for a small batch (the
+  refinement certifies what 129 nodes cannot, e.g. sigma < 0.12, when no per-order kernel
+  follows)."""
   n, m = q.shape[0], alphas.shape[0]
   log_j = jnp.full((n, m), jnp.inf, q.dtype)
   if not groups:
@@ -1156,7 +1164,7 @@ def _shared_values(q, sigma, alphas, groups, tangents=None):
                                 jnp.tile(a_[index], (n, 1)))
   if tangents is None:
     # Large batches (run time dominates): two tiers of nodes; small ones: one (less to compile).
-    tiers = 2 if n * m >= _TWO_TIER_ELEMENTS else 1
+    tiers = 2 if refine or n * m >= _TWO_TIER_ELEMENTS else 1
     shared = (_in_row_blocks(lambda xs: _log_j_shared(*xs, tiers=tiers), rows,
                              *as_rows(q, sigma, alphas)),)
   else:
@@ -1174,12 +1182,17 @@ def _shared_values(q, sigma, alphas, groups, tangents=None):
 def _quadrature_values(q, sigma, alphas, groups, fallback):
   """log J (n, m) for flat generic q, sigma (n,) and orders ``alphas`` (m,): the orders of
   ``groups`` (static tuples of positions) on shared nodes, then, with ``fallback``, the
-  per-order kernel (:func:`_log_j`) wherever a value is not certified and at every other
-  order, on compacted batches of _FALLBACK_BATCH elements (static shapes; nothing runs when
-  nothing is left). Without ``fallback`` those values are left +inf."""
+  per-order kernel (:func:`_log_j`) at every other order, on compacted batches of
+  _FALLBACK_BATCH elements (static shapes; nothing runs when nothing is left). Where the
+  per-order kernel is in the graph anyway, it also computes the rare values the shared nodes
+  could not certify; a grid whose orders all have shared nodes (or exact sums) leaves those
+  +inf instead (sound: RDP is over-reported, never under-reported) and keeps the per-order
+  kernel out of the graph, which would double the compile time. Without ``fallback`` all
+  those values are left +inf."""
   n, m = q.shape[0], alphas.shape[0]
-  log_j = _shared_values(q, sigma, alphas, groups)
-  if not fallback:
+  all_shared = sum(len(g) for g in groups) == m
+  log_j = _shared_values(q, sigma, alphas, groups, refine=fallback and all_shared)
+  if not fallback or all_shared:
     return log_j
   size = n * m
   batch = min(size, _FALLBACK_BATCH)
