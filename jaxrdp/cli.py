@@ -9,12 +9,16 @@ Usage::
   jaxrdp sweep     --sampling-rates QS --noise-multipliers SS --steps TS --deltas DS
                    [--out FILE.csv|FILE.parquet] [--heatmap FILE.png] [--progress]
 
-(``python -m jaxrdp ...`` is the same.) Two values of ε are reported:
+(``python -m jaxrdp ...`` is the same.) Three values of ε are reported:
 
 * ``epsilon`` / ``order``: the best order of the grid (``--orders``, default
   :data:`jaxrdp.DEFAULT_ORDERS`), from :func:`jaxrdp.compute_rdp` + :func:`jaxrdp.compute_epsilon`;
 * ``epsilon_refined``: :func:`jaxrdp.dpsgd_epsilon`, which refines the order continuously
-  around the best grid order (never looser than the grid value).
+  around the best grid order (never looser than the grid value);
+* ``epsilon_classic`` / ``order_classic`` (``epsilon`` and ``dpsgd``): the grid value under the
+  classic conversion ε = min_α RDP(α) + log(1/δ)/(α − 1) (Mironov 2017, Prop. 3), what TF
+  Privacy's tutorials and Abadi et al. (2016) reported — looser, for reconciling published
+  numbers with jaxrdp's.
 
 ``sweep`` evaluates ε over the grid of all combinations (:func:`jaxrdp.sweep`: grid orders,
 every cell equal to ``dpsgd_epsilon(..., refine_order=False)``) and writes a table and/or a
@@ -137,13 +141,17 @@ def _grid(orders):
 
 
 def _epsilons(q, sigma, steps, delta, orders=None):
-  """(grid ε, its order, refined ε), computed in float64."""
+  """(grid ε, its order, refined ε, classic grid ε, its order), computed in float64. The
+  classic value is the conversion of Mironov (2017, Prop. 3), ε = min_α RDP(α) +
+  log(1/δ)/(α − 1), which TF Privacy's tutorials and Abadi et al. (2016) reported: looser
+  than the default conversion, printed so that published numbers can be reconciled."""
   with jax.enable_x64(True):
     grid = _grid(orders)
     rdp = jaxrdp.compute_rdp(q, sigma, steps, grid)
     eps, order = jaxrdp.compute_epsilon(grid, rdp, delta)
+    classic, classic_order = jaxrdp.compute_epsilon(grid, rdp, delta, method="classic")
     refined = jaxrdp.dpsgd_epsilon(q, sigma, steps, delta, orders=grid)
-    return float(eps), float(order), float(refined)
+    return (float(eps), float(order), float(refined), float(classic), float(classic_order))
 
 
 def _check_mechanism(args) -> None:
@@ -155,16 +163,21 @@ def _check_mechanism(args) -> None:
 
 def _cmd_epsilon(args, out) -> None:
   _check_mechanism(args)
-  eps, order, refined = _epsilons(args.sampling_rate, args.noise_multiplier, args.steps,
-                                  args.delta, args.orders)
+  eps, order, refined, classic, classic_order = _epsilons(
+      args.sampling_rate, args.noise_multiplier, args.steps, args.delta, args.orders)
   if args.json:
     print(json.dumps({"epsilon": _json_number(eps), "order": _json_number(order),
-                      "epsilon_refined": _json_number(refined)}), file=out)
+                      "epsilon_refined": _json_number(refined),
+                      "epsilon_classic": _json_number(classic),
+                      "order_classic": _json_number(classic_order)}), file=out)
     return
   n = len(_grid(args.orders))
   print(f"epsilon = {eps:.6g} at order {order:g} (best of {n} grid orders; "
         "compute_rdp + compute_epsilon)", file=out)
   print(f"epsilon = {refined:.6g} with the order refined continuously (dpsgd_epsilon)", file=out)
+  print(f"epsilon = {classic:.6g} at order {classic_order:g} under the classic conversion "
+        "RDP + log(1/delta)/(order - 1) (Mironov 2017; TF Privacy's tutorials, Abadi et al.)",
+        file=out)
 
 
 def _cmd_calibrate(args, out) -> None:
@@ -195,11 +208,13 @@ def _cmd_dpsgd(args, out) -> None:
   q = b / n
   # Exact arithmetic, so that e.g. 3 epochs of 100 examples in batches of 10 is 30 steps, not 31.
   steps = math.ceil(fractions.Fraction(repr(args.epochs)) * n / b)
-  eps, order, refined = _epsilons(q, args.noise_multiplier, steps, args.delta)
+  eps, order, refined, classic, classic_order = _epsilons(q, args.noise_multiplier, steps,
+                                                          args.delta)
   if args.json:
     print(json.dumps({"sampling_rate": q, "steps": steps, "epsilon": _json_number(eps),
-                      "order": _json_number(order), "epsilon_refined": _json_number(refined)}),
-          file=out)
+                      "order": _json_number(order), "epsilon_refined": _json_number(refined),
+                      "epsilon_classic": _json_number(classic),
+                      "order_classic": _json_number(classic_order)}), file=out)
     return
   grid = len(jaxrdp.DEFAULT_ORDERS)
   lines = [
@@ -217,7 +232,11 @@ def _cmd_dpsgd(args, out) -> None:
       f"  - epsilon = {eps:.6g} at the optimal order {order:g} of the default grid "
       f"({grid} orders);",
       f"  - epsilon = {refined:.6g} with the order refined continuously "
-      f"(dpsgd_epsilon; {eps - refined:.3g} below the grid value).",
+      f"(dpsgd_epsilon; {eps - refined:.3g} below the grid value);",
+      f"  - epsilon = {classic:.6g} at order {classic_order:g} under the classic conversion "
+      "epsilon = min RDP + log(1/delta)/(order - 1)",
+      "    (Mironov 2017, Prop. 3: what TF Privacy's tutorials and Abadi et al. 2016 reported; "
+      "looser, for comparison with published numbers).",
   ]
   print("\n".join(lines), file=out)
 

@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+from dp_accounting.rdp import rdp_privacy_accountant as dpa
 
 import jaxrdp
 from jaxrdp import cli
@@ -35,12 +36,29 @@ def _run_json(capsys, argv):
 def test_epsilon_json_matches_library(capsys):
   got = _run_json(capsys, ["epsilon"] + MECHANISM)
   eps, order, refined = _library(Q, SIGMA, T, DELTA)
-  assert got == pytest.approx({"epsilon": eps, "order": order, "epsilon_refined": refined},
-                              rel=1e-12)
+  assert set(got) == {"epsilon", "order", "epsilon_refined", "epsilon_classic", "order_classic"}
+  assert {k: got[k] for k in ("epsilon", "order", "epsilon_refined")} == pytest.approx(
+      {"epsilon": eps, "order": order, "epsilon_refined": refined}, rel=1e-12)
+  assert got["epsilon_classic"] > got["epsilon"]   # the classic conversion is looser
   assert got["epsilon_refined"] <= got["epsilon"]
   assert cli.main(["epsilon"] + MECHANISM) == 0
   text = capsys.readouterr().out
   assert f"{eps:.6g}" in text and f"order {order:g}" in text and "dpsgd_epsilon" in text
+
+
+def test_classic_conversion_matches_dp_accounting_at_integer_orders(capsys):
+  # At integer orders dp_accounting's RDP is exact too: the classic value
+  # min_a T * RDP(a) + log(1/delta) / (a - 1) (Mironov 2017, Prop. 3) computed from its RDP
+  # must equal the CLI's, order included.
+  orders = np.arange(2, 65, dtype=np.float64)
+  grid = ",".join(f"{a:g}" for a in orders)
+  got = _run_json(capsys, ["epsilon"] + MECHANISM + ["--orders", grid])
+  rdp = T * np.asarray(dpa._compute_rdp_poisson_subsampled_gaussian(Q, SIGMA, orders))
+  classic = rdp + np.log(1 / DELTA) / (orders - 1)
+  assert got["epsilon_classic"] == pytest.approx(classic.min(), rel=1e-9)
+  assert got["order_classic"] == orders[np.argmin(classic)]
+  assert cli.main(["epsilon"] + MECHANISM) == 0
+  assert "classic conversion" in capsys.readouterr().out
 
 
 def test_calibrate_is_on_the_safe_side(capsys):
@@ -64,10 +82,11 @@ def test_dpsgd_statement(capsys):
   assert got["epsilon"] == pytest.approx(eps, rel=1e-12)
   assert got["order"] == order
   assert got["epsilon_refined"] == pytest.approx(refined, rel=1e-12)
+  assert got["epsilon_classic"] > got["epsilon"]
   assert cli.main(argv) == 0
   text = capsys.readouterr().out
   for piece in ("Poisson sampling", f"{q:.6g}", f"= {steps}", f"{eps:.6g}", f"{order:g}",
-                f"{refined:.6g}"):
+                f"{refined:.6g}", f"{got['epsilon_classic']:.6g}", "classic conversion"):
     assert piece in text
 
 
@@ -136,5 +155,5 @@ def test_python_m_jaxrdp_json():
   assert proc.returncode == 0, proc.stderr
   got = json.loads(proc.stdout)
   eps, order, refined = _library(Q, SIGMA, T, DELTA)
-  assert got == pytest.approx({"epsilon": eps, "order": order, "epsilon_refined": refined},
-                              rel=1e-12)
+  assert {k: got[k] for k in ("epsilon", "order", "epsilon_refined")} == pytest.approx(
+      {"epsilon": eps, "order": order, "epsilon_refined": refined}, rel=1e-12)
