@@ -45,10 +45,11 @@ time (static shapes). The kernel works on flat arrays; under :func:`jax.vmap` a 
 A concrete grid of orders (:func:`log_a_and_rdp_at_orders`, used by ``compute_rdp`` and
 ``sweep``) is cheaper: integer orders up to 4096 are the exact binomial sum
 (:func:`_log_j_integer`), and fractional orders up to 64 share one grid of nodes per (q, sigma)
-and group of orders (:func:`_log_j_shared`: the logarithms of the integrand once per node,
-two exponentials and one expm1 per (node, order); in large batches every second node first,
-the midpoints only where needed; derivatives on the same nodes in the same pass), certified
-per order in the same way; the per-order kernel above computes whatever is left.
+and group of orders (:func:`_log_j_levels`: the logarithms of the integrand once per node,
+two exponentials and one expm1 per (node, order); every second node first, the midpoints
+level by level only where needed, all in one loop with the integrand traced once; derivatives
+on one grid of nodes in the same pass, :func:`_log_j_shared`), certified per order in the
+same way; the per-order kernel above computes whatever is left.
 """
 
 from __future__ import annotations
@@ -776,7 +777,6 @@ _SHARED_SPAN = 4.0           # a group's orders lie in [a, max(2 a, a + _SHARED_
 _SHARED_INTERVALS = 128      # intervals of the shared grid
 _SHARED_ELEMENTS = 1 << 20   # (row, order, node) elements per step (bounds memory)
 _FALLBACK_BATCH = 256        # (pair, order) elements of the per-order quadrature per step
-_TWO_TIER_ELEMENTS = 2048    # from this many (pair, order) elements on, two tiers of shared nodes
 
 
 class OrderSplit(tuple):
@@ -1000,133 +1000,180 @@ def _grid_terms(nodes, sigma, alpha, m_ref, exponent_only=False):
   return e, jnp.maximum(mult, 0.0)
 
 
-def _log_j_shared(q, sigma, alphas, tangents=None, tiers=1):
-  r"""log J (r, g) on rows: flat generic q, sigma (r,), each row with its own ascending orders
-  ``alphas`` (r, g), all evaluated on one grid of _SHARED_INTERVALS + 1 nodes per row;
-  +inf where a value cannot be certified. With ``tangents`` (of q, sigma, alphas), also the
-  tangent of log J (0 where not certified): the quadrature of the integrand's derivative on
+def _shared_span(q, sigma, alphas):
+  """(lo, h): the shared grid of each row, [lo, lo + _SHARED_INTERVALS h], the union of the
+  per-order windows (:func:`_shared_window`) of the row's smallest and largest order."""
+  r = alphas.shape[0]
+  ends = jnp.stack([alphas[:, 0], alphas[:, -1]], axis=-1).reshape(-1)
+  lo, hi = _shared_window(jnp.repeat(q, 2), jnp.repeat(sigma, 2), ends)
+  lo, hi = jnp.min(lo.reshape(r, 2), axis=1), jnp.max(hi.reshape(r, 2), axis=1)
+  return lo, (hi - lo) / _SHARED_INTERVALS
+
+
+def _reference_power(e_abs, sigma2, alpha):
+  """(m_ref, ref): of m in {0, 2, alpha}, the power whose constant m(m-1)/(2 sigma^2) is
+  nearest the peak of the exponents ``e_abs`` (absolute scale, nodes on the last axis), and
+  the peak relative to that constant: the dominant terms are then summed relative to their
+  own constant (see :func:`_integrand`), which is what keeps float32 exact. The peak only
+  sets the scale of the sums (the log integrand changes by well under a nat between the
+  nodes it is located on)."""
+  peak = jnp.max(e_abs, axis=-1, keepdims=True)
+  candidates = jnp.stack(jnp.broadcast_arrays(jnp.zeros_like(peak), jnp.full_like(peak, 2.0), alpha), -1)
+  distance = jnp.abs(peak[..., None] - candidates * (candidates - 1) / (2 * sigma2[..., None]))
+  m_ref = jnp.take_along_axis(candidates, jnp.argmin(distance, axis=-1)[..., None], axis=-1)[..., 0]
+  return m_ref, jnp.where(jnp.isfinite(peak), peak - m_ref * (m_ref - 1) / (2 * sigma2), 0.0)
+
+
+def _log_j_shared(q, sigma, alphas, tangents):
+  r"""log J (r, g) and its tangent on rows: flat generic q, sigma (r,), each row with its own
+  ascending orders ``alphas`` (r, g), on one grid of _SHARED_INTERVALS + 1 nodes per row
+  (:func:`_shared_span`); +inf (tangent 0) where a value cannot be certified. The tangent (of
+  q, sigma, alphas given by ``tangents``) is the quadrature of the integrand's derivative on
   the same nodes, in the same pass (window, reference power and scale held fixed, as in the
-  per-order kernel: they decide where and relative to what to sum, not the value).
-
-  ``tiers=2`` (for large batches): every second node first (the rules on 65, 33 and 17
-  nodes); rows with an order that this cannot certify are then refined level by level (129,
-  257, ..., 4097 nodes; :func:`_second_tier`). Most rows certify on 65 nodes, so this costs about
-  60 % of one tier of 129 nodes, and certifies more (small sigma, wide windows).
-
-  The window is the union of the per-order windows (:func:`_shared_window`) of the row's smallest
-  and largest order: the bumps move right with the order, and the certificate checks every
-  order's own decay at the window's edges anyway. The order-independent part of the
-  integrand (all its logarithms) is computed once per node (:func:`_grid_nodes`), the rest
-  per (node, order) (:func:`_grid_terms`), summed in linear space relative to the peak of
-  each order's terms. Certification per (row, order) as in the per-order kernel
-  (:func:`_assess` with T(h), T(2h), T(4h) of the same nodes)."""
+  per-order kernel: they decide where and relative to what to sum, not the value). The
+  values alone take :func:`_log_j_levels`, which refines instead."""
   r, g = alphas.shape
   dtype = q.dtype
   sg = lax.stop_gradient
   q, sigma, alphas = sg(q), sg(sigma), sg(alphas)
-  ends = jnp.stack([alphas[:, 0], alphas[:, -1]], axis=-1).reshape(-1)
-  lo, hi = _shared_window(jnp.repeat(q, 2), jnp.repeat(sigma, 2), ends)
-  lo, hi = jnp.min(lo.reshape(r, 2), axis=1), jnp.max(hi.reshape(r, 2), axis=1)
-  h = (hi - lo) / _SHARED_INTERVALS
-  stride = 2 if tiers == 2 and tangents is None else 1   # the first tier's node spacing, in h
-  i = jnp.arange(0, _SHARED_INTERVALS + 1, stride, dtype=dtype)
+  lo, h = _shared_span(q, sigma, alphas)
+  i = jnp.arange(_SHARED_INTERVALS + 1, dtype=dtype)
   ex = lambda v: v[:, None, None]
   z = ex(lo) + ex(h) * i
   nodes_of = lambda q_, s_: _grid_nodes(z, ex(s_), ex(jnp.log(q_)), ex(jnp.log1p(-q_)), ex(q_))
   nodes = nodes_of(q, sigma)
   alpha = alphas[..., None]
   s2 = ex(sigma * sigma)
-  # Reference power: of m in {0, 2, alpha}, the one whose constant m(m-1)/(2 s^2) is nearest
-  # the peak, so that the dominant terms are summed relative to their own constant. The peak
-  # is located on every fourth node: it only sets the scale of the sums (the log integrand
-  # changes by well under a nat between those nodes), so this costs a quarter of a pass.
-  e_abs, _ = _grid_terms({k: v[..., ::4 // stride] for k, v in nodes.items()}, ex(sigma), alpha,
+  e_abs, _ = _grid_terms({k: v[..., ::4] for k, v in nodes.items()}, ex(sigma), alpha,
                          jnp.zeros_like(alpha), exponent_only=True)
-  peak = jnp.max(e_abs, axis=-1, keepdims=True)
-  candidates = jnp.stack(jnp.broadcast_arrays(jnp.zeros_like(peak), jnp.full_like(peak, 2.0), alpha), -1)
-  distance = jnp.abs(peak[..., None] - candidates * (candidates - 1) / (2 * s2[..., None]))
-  m_ref = jnp.take_along_axis(candidates, jnp.argmin(distance, axis=-1)[..., None], axis=-1)[..., 0]
-  ref = jnp.where(jnp.isfinite(peak), peak - m_ref * (m_ref - 1) / (2 * s2), 0.0)
+  m_ref, ref = _reference_power(e_abs, s2, alpha)
   weight = jnp.where((i == 0) | (i == _SHARED_INTERVALS), 0.5, 1.0).astype(dtype)
-  const = ref[..., 0] + (jnp.log(stride * h) - 0.5 * math.log(2 * math.pi))[:, None]   # held fixed
+  const = ref[..., 0] + (jnp.log(h) - 0.5 * math.log(2 * math.pi))[:, None]   # held fixed
 
   def log_j_of(q_, s_, a_):   # log J - const, and the summed values (relative to ref)
-    nodes_ = nodes if tangents is None else nodes_of(q_, s_)
-    e, mult = _grid_terms(nodes_, ex(s_), a_[..., None], m_ref)
+    e, mult = _grid_terms(nodes_of(q_, s_), ex(s_), a_[..., None], m_ref)
     values = jnp.exp(jnp.maximum(e - ref, _exp_floor(dtype))) * mult
     log_j = (jnp.log(jnp.sum(values * weight, axis=-1)) - jnp.log(s_)[:, None]
              + _reference_constant(m_ref[..., 0], s_[:, None]))
     return log_j, values
 
-  if tangents is None:
-    log_j, values = log_j_of(q, sigma, alphas)
-  else:
-    log_j, d_log_j, values = jax.jvp(log_j_of, (q, sigma, alphas), tuple(tangents), has_aux=True)
+  log_j, d_log_j, values = jax.jvp(log_j_of, (q, sigma, alphas), tuple(tangents), has_aux=True)
   log_j = log_j + const
   shift = _reference_constant(m_ref[..., 0], sigma[:, None])
   base = const - jnp.log(sigma)[:, None]   # the rules' sums are relative to the shift
   rule = lambda every: jnp.log(jnp.sum(values[..., ::every] * weight[::every], axis=-1)) + base + math.log(every)
   edge = jnp.log(jnp.maximum(values[..., 0], values[..., -1])) + base
   failed = _assess(log_j - shift, rule(2), rule(4), edge, shift,
-                   jnp.broadcast_to(stride * h[:, None], (r, g)), sigma[:, None], alphas)
-  if stride == 2:
-    first = dict(log_t=log_j - shift, coarse=rule(2), total=jnp.sum(values * weight, axis=-1),
-                 edge=edge, shift=shift, base=base - jnp.log(stride * h)[:, None])
-    log_j = _second_tier(q, sigma, alphas, lo, h, m_ref, ref, failed, first)
-  else:
-    log_j = jnp.where(failed, jnp.inf, log_j)
-  return log_j if tangents is None else (log_j, jnp.where(failed, 0.0, d_log_j))
+                   jnp.broadcast_to(h[:, None], (r, g)), sigma[:, None], alphas)
+  return jnp.where(failed, jnp.inf, log_j), jnp.where(failed, 0.0, d_log_j)
 
 
-_SHARED_LEVELS = 6   # levels after the first tier: 129, 257, ..., 4097 nodes
+_SHARED_LEVELS = 6   # levels after the first: 129, 257, ..., 4097 nodes
+_LEVEL_NODES = _SHARED_INTERVALS // 2 + 1   # nodes per row and step of _log_j_levels
+_LEVEL_ROWS = 64            # rows per step of _log_j_levels
+_LEVEL_BLOCK_ROWS = 1024    # rows per call of _log_j_levels (bounds memory)
 
 
-def _second_tier(q, sigma, alphas, lo, h, m_ref, ref, failed, first):
-  """log J (r, g) of :func:`_log_j_shared` with two tiers: the first tier's value where it is
-  certified; every row with an order it could not certify is refined level by level, each
-  halving the step (129, 257, ..., 4097 nodes: T(h/2) = T(h)/2 + (h/2) * sum of the new
-  midpoints, relative to the same reference), until all its orders are certified or the last
-  level is done; the rules on the last three levels decide, as with one tier. One block of 64
-  midpoints per row and step, for a compacted batch of a quarter of the rows at a time (rows
-  at different levels side by side: one copy of the integrand), until no row is left."""
+@functools.lru_cache(maxsize=None)
+def _level_weights():
+  """(65, 6) float64: the columns of the sums one step of :func:`_log_j_levels` takes over its
+  65 nodes. Level 0 (the nodes lo + 2 h j, j = 0..64): the trapezoid rules on every node,
+  every second and every fourth node (end weights 1/2); a refinement block (midpoints, the
+  65th node is a dummy): the plain sum of the first 64; the first and the last value (the
+  window's edges at level 0)."""
+  j = np.arange(_LEVEL_NODES)
+  ends = (j == 0) | (j == _LEVEL_NODES - 1)
+  trapezoid = np.where(ends, 0.5, 1.0)
+  columns = [trapezoid, trapezoid * (j % 2 == 0), trapezoid * (j % 4 == 0),
+             (j < _LEVEL_NODES - 1).astype(float), (j == 0).astype(float),
+             (j == _LEVEL_NODES - 1).astype(float)]
+  table = np.stack(columns, axis=-1)
+  table.flags.writeable = False
+  return table
+
+
+def _log_j_levels(q, sigma, alphas):
+  r"""log J (r, g) on rows: flat generic q, sigma (r,), each row with its own ascending orders
+  ``alphas`` (r, g), on nested grids of its span (:func:`_shared_span`); +inf where a value
+  cannot be certified.
+
+  Level 0 is every second node of the 129-node grid (65 nodes, step 2h); its trapezoid rule
+  and those on every second and fourth of its nodes (33, 17) certify most rows (:func:`_assess`,
+  as in the per-order kernel). A row with an order that level 0 cannot certify is refined
+  level by level (129, 257, ..., 4097 nodes: T(h/2) = T(h)/2 + (h/2) * the sum of the new
+  midpoints, relative to the same reference), until all its orders are certified or level
+  _SHARED_LEVELS is done; the rules of the last three levels decide. The bumps move right with
+  the order, and the certificate checks every order's own decay at the window's edges.
+
+  One ``lax.while_loop`` does all of it, so the integrand is in the graph once (compile time):
+  each step takes a compacted batch of a quarter of the rows still pending and evaluates 65
+  nodes per row — the whole of level 0, or one block of 64 midpoints of a refinement level —
+  with the order-independent part of the integrand (all its logarithms) once per node
+  (:func:`_grid_nodes`) and two exponentials and one expm1 per (node, order)
+  (:func:`_grid_terms`), summed in linear space relative to the peak located at level 0
+  (:func:`_reference_power`, on every fourth node of the 129-node grid). The sums over the
+  nodes are one contraction with :func:`_level_weights`."""
   r, g = alphas.shape
   dtype = q.dtype
-  cap = max(1, r // 4)
-  block = _SHARED_INTERVALS // 2
-  within = 2 * jnp.arange(block, dtype=dtype) + 1
+  sg = lax.stop_gradient
+  q, sigma, alphas = sg(q), sg(sigma), sg(alphas)
+  lo, h = _shared_span(q, sigma, alphas)
+  cap = min(r, _LEVEL_ROWS)
+  weights = jnp.asarray(_level_weights(), dtype)
+  j = jnp.arange(_LEVEL_NODES, dtype=dtype)
+  even = (jnp.arange(_LEVEL_NODES) % 2 == 0)
   ex = lambda v: v[:, None, None]
-  # Two packed matrices (one gather per step, one scatter; few kernels to compile). Fixed per
-  # row: q sigma h lo | alphas m_ref ref base shift edge. State per row: level being built
-  # (1..), block of it | the midpoint sum so far, the sum and the rule of the last complete
-  # level, the rule of the one before (all relative to ref), log J, failed.
-  fixed = jnp.concatenate([jnp.stack([q, sigma, h, lo], axis=-1), alphas, m_ref[..., 0],
-                           ref[..., 0], first["base"], first["shift"], first["edge"]], axis=-1)
-  state = jnp.concatenate([jnp.ones((r, 1), dtype), jnp.zeros((r, 1), dtype),
-                           jnp.zeros((r, g), dtype), first["total"], first["log_t"], first["coarse"],
-                           jnp.where(failed, jnp.inf, first["log_t"] + first["shift"]),
-                           failed.astype(dtype)], axis=-1)
-  part = lambda m, k: m[:, 4 + k * g:4 + (k + 1) * g]   # k-th per-order block of `fixed`
+  log_half_2pi = 0.5 * math.log(2 * math.pi)
+  # Two packed matrices (one gather per step, one scatter). Fixed per row: q sigma h lo |
+  # alphas. State per row: level being built, its block | per order: the midpoint sum so far,
+  # the sum and the rule of the last complete level, the rule of the one before (all
+  # relative to ref), log J, failed, m_ref, ref, the edge value.
+  fixed = jnp.concatenate([jnp.stack([q, sigma, h, lo], axis=-1), alphas], axis=-1)
+  zeros = jnp.zeros((r, g), dtype)
+  state = jnp.concatenate([jnp.zeros((r, 2), dtype), zeros, zeros, zeros, zeros,
+                           jnp.full((r, g), jnp.inf, dtype), jnp.ones((r, g), dtype),
+                           zeros, zeros, zeros], axis=-1)
   cell = lambda m, k: m[:, 2 + k * g:2 + (k + 1) * g]   # k-th per-order block of `state`
 
   def body(carry):
     state, pending = carry
-    idx = jnp.nonzero(pending, size=cap, fill_value=r)[0]
+    order = jnp.argsort(~pending, stable=True)[:cap]   # pending rows first (a stable sort
+    idx = jnp.where(pending[order], order, r)          # compiles faster than jnp.nonzero)
     take = jnp.minimum(idx, r - 1)
     fx, st = fixed[take], state[take]
     q_, s_, h0, lo_ = (fx[:, i] for i in range(4))
-    alphas_, m_ref_, ref_, base, shift, edge = (part(fx, k) for k in range(6))
+    alphas_ = fx[:, 4:]
     level, blk = st[:, 0], st[:, 1]
-    partial, total, log_t, older, log_j, still_failed = (cell(st, k) for k in range(6))
+    partial, total, log_t, older, log_j, still_failed, m_ref_, ref_, edge = (
+        cell(st, k) for k in range(9))
+    first = level == 0
     h_ = 2 * h0 / _pow2(level)   # this level's step
-    z = ex(lo_) + ex(h_) * (2 * block * blk[:, None, None] + within)
+    # Level 0: lo + 2h j; level >= 1, block b: the midpoints lo + h_ (128 b + 1 + 2 j).
+    offset = jnp.where(first, 0.0, h_ * (2 * (_LEVEL_NODES - 1) * blk + 1))
+    z = ex(lo_) + ex(offset) + ex(jnp.where(first, h_, 2 * h_)) * j
     nodes = _grid_nodes(z, ex(s_), ex(jnp.log(q_)), ex(jnp.log1p(-q_)), ex(q_))
-    e, mult = _grid_terms(nodes, ex(s_), alphas_[..., None], m_ref_[..., None])
-    partial = partial + jnp.sum(jnp.exp(jnp.maximum(e - ref_[..., None], _exp_floor(dtype))) * mult,
-                                axis=-1)
-    complete = blk == _pow2(level - 1) - 1
-    new_total = total + partial
-    new_log_t = jnp.log(new_total) + base + jnp.log(h_)[:, None]
-    still = _assess(new_log_t, log_t, older, edge, shift, jnp.broadcast_to(h_[:, None], (cap, g)),
+    alpha = alphas_[..., None]
+    s2 = (s_ * s_)[:, None]
+    e_abs, _ = _grid_terms({k: v[..., ::2] for k, v in nodes.items()}, ex(s_), alpha,
+                           jnp.zeros_like(alpha), exponent_only=True)
+    m_new, ref_new = _reference_power(e_abs, s2[..., None], alpha)
+    m_ref_ = jnp.where(first[:, None], m_new[..., 0], m_ref_)
+    ref_ = jnp.where(first[:, None], ref_new[..., 0], ref_)
+    e, mult = _grid_terms(nodes, ex(s_), alpha, m_ref_[..., None])
+    values = jnp.exp(jnp.maximum(e - ref_[..., None], _exp_floor(dtype))) * mult
+    sums = jnp.einsum("rgk,kc->rgc", values, weights, precision=lax.Precision.HIGHEST)
+    shift = m_ref_ * (m_ref_ - 1) / (2 * s2)
+    base = ref_ - log_half_2pi - jnp.log(s_)[:, None]   # log T = log(sum) + base + log(step)
+    log_step = jnp.log(h_)[:, None]
+    partial = jnp.where(first[:, None], 0.0, partial + sums[..., 3])
+    complete = first | (blk == _pow2(level - 1) - 1)
+    new_total = jnp.where(first[:, None], sums[..., 0], total + partial)
+    new_log_t = jnp.log(new_total) + base + log_step
+    coarse = jnp.where(first[:, None], jnp.log(sums[..., 1]) + base + log_step + math.log(2), log_t)
+    coarser = jnp.where(first[:, None], jnp.log(sums[..., 2]) + base + log_step + math.log(4), older)
+    edge = jnp.where(first[:, None], jnp.log(jnp.maximum(sums[..., 4], sums[..., 5])) + base + log_step,
+                     edge)
+    still = _assess(new_log_t, coarse, coarser, edge, shift, jnp.broadcast_to(h_[:, None], (cap, g)),
                     s_[:, None], alphas_)
     was_failed = still_failed > 0
     newly = complete[:, None] & was_failed & ~still
@@ -1136,21 +1183,20 @@ def _second_tier(q, sigma, alphas, lo, h, m_ref, ref, failed, first):
     out = jnp.concatenate([
         jnp.stack([jnp.where(complete, level + 1, level), jnp.where(complete, 0.0, blk + 1)], -1),
         jnp.where(c, 0.0, partial), jnp.where(c, new_total, total), jnp.where(c, new_log_t, log_t),
-        jnp.where(c, log_t, older), jnp.where(newly, new_log_t + shift, log_j),
-        failed_now.astype(dtype)], axis=-1)
+        jnp.where(c, coarse, older), jnp.where(newly, new_log_t + shift, log_j),
+        failed_now.astype(dtype), m_ref_, ref_, edge], axis=-1)
     keep = jnp.where(idx < r, idx, r)   # out-of-range writes are dropped
     return state.at[keep].set(out, mode="drop"), pending.at[keep].set(~done, mode="drop")
 
-  state, _ = lax.while_loop(lambda c: jnp.any(c[1]), body, (state, jnp.any(failed, axis=-1)))
+  state, _ = lax.while_loop(lambda c: jnp.any(c[1]), body, (state, jnp.ones((r,), bool)))
   return cell(state, 4)
 
 
-def _shared_values(q, sigma, alphas, groups, tangents=None, refine=False):
+def _shared_values(q, sigma, alphas, groups, tangents=None):
   """log J (n, m) of the orders of ``groups`` (static tuples of positions into ``alphas``, (m,))
-  on shared nodes, +inf at every other order; with ``tangents`` (of q, sigma (n,), alphas)
-  also their tangents (0 elsewhere). ``refine``: two tiers even for a small batch (the
-  refinement certifies what 129 nodes cannot, e.g. sigma < 0.12, when no per-order kernel
-  follows)."""
+  on shared nodes (:func:`_log_j_levels`), +inf at every other order; with ``tangents`` (of
+  q, sigma (n,), alphas) values and tangents on one grid of 129 nodes (:func:`_log_j_shared`;
+  tangents 0 where not certified)."""
   n, m = q.shape[0], alphas.shape[0]
   log_j = jnp.full((n, m), jnp.inf, q.dtype)
   if not groups:
@@ -1159,15 +1205,13 @@ def _shared_values(q, sigma, alphas, groups, tangents=None, refine=False):
   width = max(len(g) for g in groups)
   index = np.array([g + (g[-1],) * (width - len(g)) for g in groups])
   n_groups = len(groups)
-  rows = max(1, _SHARED_ELEMENTS // (width * (_SHARED_INTERVALS + 1)))
   as_rows = lambda q_, s_, a_: (jnp.repeat(q_, n_groups), jnp.repeat(s_, n_groups),
                                 jnp.tile(a_[index], (n, 1)))
   if tangents is None:
-    # Large batches (run time dominates): two tiers of nodes; small ones: one (less to compile).
-    tiers = 2 if refine or n * m >= _TWO_TIER_ELEMENTS else 1
-    shared = (_in_row_blocks(lambda xs: _log_j_shared(*xs, tiers=tiers), rows,
+    shared = (_in_row_blocks(lambda xs: _log_j_levels(*xs), _LEVEL_BLOCK_ROWS,
                              *as_rows(q, sigma, alphas)),)
   else:
+    rows = max(1, _SHARED_ELEMENTS // (width * (_SHARED_INTERVALS + 1)))
     shared = _in_row_blocks(lambda xs: _log_j_shared(*xs[:3], xs[3:]), rows,
                             *as_rows(q, sigma, alphas), *as_rows(*tangents))
   positions = np.concatenate([np.asarray(g) for g in groups])
@@ -1191,7 +1235,7 @@ def _quadrature_values(q, sigma, alphas, groups, fallback):
   those values are left +inf."""
   n, m = q.shape[0], alphas.shape[0]
   all_shared = sum(len(g) for g in groups) == m
-  log_j = _shared_values(q, sigma, alphas, groups, refine=fallback and all_shared)
+  log_j = _shared_values(q, sigma, alphas, groups)
   if not fallback or all_shared:
     return log_j
   size = n * m
