@@ -40,6 +40,21 @@ _CACHE_SIZE = 64   # compiled executables kept per entry point (least recently u
 _RUN_TIME_ELEMENTS = 2048   # from this many argument elements on, compile for run time
 
 
+BUCKET_MAX = 1 << 16   # eager calls up to this many elements are padded to bucket(n)
+
+
+def bucket(n: int) -> int:
+  """The padded size of a flat eager call of ``n`` elements: the next power of two up to 64,
+  then the next multiple of an eighth of the next power of two (at most 12.5 % padding).
+  Eager entry points pad concrete inputs to it, so that calls of any shape share a few
+  compiled programs (a new shape otherwise costs a compilation of a second or more)."""
+  power = 1 << max(0, int(n) - 1).bit_length()
+  if power <= 64:
+    return power
+  step = power // 8
+  return -(-int(n) // step) * step
+
+
 def _leaf_key(leaf):
   """What an executable compiled for ``leaf`` depends on: its abstract value (shape, dtype,
   weak type) and, for a JAX array, its placement. A NumPy array's is its shape and dtype

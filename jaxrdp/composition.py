@@ -54,15 +54,28 @@ def compute_rdp(q: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
   split = sampled_gaussian.order_split(given) if orders.ndim == 1 else None
   tables = sampled_gaussian.order_tables(given, split)
   args = tuple(_validation.as_float_array(v) for v in (q, noise_multiplier, steps))
-  if split is None or not _validation.is_concrete(args):
+  if split is None or not _validation.is_concrete((args, orders)):
     return compute_rdp_unchecked(*args, orders, split, tables)
-  # Concrete inputs: the orders the exact sums and shared nodes leave open (rarely any) are
-  # computed afterwards by the per-order quadrature, compiled only when some are open.
-  rdp, pending = compute_rdp_unchecked(*args, orders, split, tables, fallback=False)
+  # Concrete inputs: flattened on the host and padded to a bucketed batch size, so that calls
+  # of any batch shape share a few compiled programs; the orders the exact sums and shared
+  # nodes leave open (rarely any) are computed afterwards by the per-order quadrature,
+  # compiled only when some are open.
+  dtype = jnp.result_type(args[0], args[1], orders)   # as in rdp_of_steps
+  q, sigma, steps = np.broadcast_arrays(*(np.asarray(v, dtype) for v in args))
+  batch, n = q.shape, q.size
+  if n == 0 or n > _compile.BUCKET_MAX:
+    rdp, pending = compute_rdp_unchecked(*args, orders, split, tables, fallback=False)
+    q, sigma, steps = args
+  else:
+    size = _compile.bucket(n)
+    pad = lambda v, fill: np.concatenate([v.reshape(-1), np.full(size - n, fill, dtype)])
+    rdp, pending = compute_rdp_unchecked(pad(q, 0.5), pad(sigma, 1.0), pad(steps, 1.0),
+                                         np.asarray(orders, dtype), split, tables, fallback=False)
+    shape = batch + orders.shape
+    rdp, pending = np.asarray(rdp)[:n].reshape(shape), np.asarray(pending)[:n].reshape(shape)
   pending = np.asarray(pending)
   if not pending.any():
-    return rdp
-  q, sigma, steps = args
+    return jnp.asarray(rdp)
   return sampled_gaussian.fill_pending(rdp, pending, q, sigma, orders, steps)
 
 

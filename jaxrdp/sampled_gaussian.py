@@ -708,11 +708,24 @@ def rdp_sampled_gaussian(q: jax.typing.ArrayLike, noise_multiplier: jax.typing.A
 
 def log_a_and_rdp(q, sigma, alpha):
   """(log A, RDP) without argument checks: the internal entry point (validate at the public
-  boundary, then call this). Converts to floating arrays and broadcasts."""
+  boundary, then call this). Converts to floating arrays and broadcasts. Concrete inputs are
+  broadcast and flattened on the host and padded to :func:`jaxrdp._compile.bucket` elements
+  (generic stand-ins), so that eager calls of any shape share a few compiled programs."""
   q = _validation.as_float_array(q)
   sigma = _validation.as_float_array(sigma)
   alpha = _validation.as_float_array(alpha)
-  return _log_a_and_rdp_jit(q, sigma, alpha)
+  if not _validation.is_concrete((q, sigma, alpha)):
+    return _log_a_and_rdp_jit(q, sigma, alpha)
+  dtype = jnp.result_type(q, sigma, alpha)
+  arrays = np.broadcast_arrays(*(np.asarray(v, dtype) for v in (q, sigma, alpha)))
+  shape, n = arrays[0].shape, arrays[0].size
+  if n == 0 or n > _compile.BUCKET_MAX:
+    return _log_a_and_rdp_jit(*(jnp.asarray(v) for v in arrays))
+  size = _compile.bucket(n)
+  flat = [np.concatenate([v.reshape(-1), np.full(size - n, fill, dtype)])
+          for v, fill in zip(arrays, (0.5, 1.0, 2.0))]
+  out = _log_a_and_rdp_jit(*flat)
+  return tuple(jnp.asarray(np.asarray(v)[:n].reshape(shape)) for v in out)
 
 
 @_compile.jit
