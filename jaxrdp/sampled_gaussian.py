@@ -1083,8 +1083,8 @@ def _log_j_shared(q, sigma, alphas, tangents):
 
 _SHARED_LEVELS = 6   # levels after the first: 129, 257, ..., 4097 nodes
 _LEVEL_NODES = _SHARED_INTERVALS // 2 + 1   # nodes per row and step of _log_j_levels
-_LEVEL_ROWS = 64            # rows per step of _log_j_levels
-_LEVEL_BLOCK_ROWS = 1024    # rows per call of _log_j_levels (bounds memory)
+_LEVEL_ROWS = 512           # rows per step of _log_j_levels
+_LEVEL_BLOCK_ROWS = 8192    # rows per call of _log_j_levels at most (bounds memory)
 
 
 @functools.lru_cache(maxsize=None)
@@ -1221,7 +1221,8 @@ def _shared_values(q, sigma, alphas, groups, tangents=None):
   as_rows = lambda q_, s_, a_: (jnp.repeat(q_, n_groups), jnp.repeat(s_, n_groups),
                                 jnp.tile(a_[index], (n, 1)))
   if tangents is None:
-    shared = (_in_row_blocks(lambda xs: _log_j_levels(*xs), _LEVEL_BLOCK_ROWS,
+    blocks = -(-(n * n_groups) // _LEVEL_BLOCK_ROWS)   # equal blocks: little padding
+    shared = (_in_row_blocks(lambda xs: _log_j_levels(*xs), -(-(n * n_groups) // blocks),
                              *as_rows(q, sigma, alphas)),)
   else:
     rows = max(1, _SHARED_ELEMENTS // (width * (_SHARED_INTERVALS + 1)))
