@@ -1119,8 +1119,8 @@ def _log_j_levels(q, sigma, alphas):
   the order, and the certificate checks every order's own decay at the window's edges.
 
   One ``lax.while_loop`` does all of it, so the integrand is in the graph once (compile time):
-  each step takes a compacted batch of a quarter of the rows still pending and evaluates 65
-  nodes per row — the whole of level 0, or one block of 64 midpoints of a refinement level —
+  each step takes a compacted batch of up to _LEVEL_ROWS of the rows still pending and
+  evaluates 65 nodes per row — the whole of level 0, or one block of 64 midpoints of a refinement level —
   with the order-independent part of the integrand (all its logarithms) once per node
   (:func:`_grid_nodes`) and two exponentials and one expm1 per (node, order)
   (:func:`_grid_terms`), summed in linear space relative to the peak located at level 0
@@ -1134,7 +1134,6 @@ def _log_j_levels(q, sigma, alphas):
   cap = min(r, _LEVEL_ROWS)
   weights = jnp.asarray(_level_weights(), dtype)
   j = jnp.arange(_LEVEL_NODES, dtype=dtype)
-  even = (jnp.arange(_LEVEL_NODES) % 2 == 0)
   ex = lambda v: v[:, None, None]
   log_half_2pi = 0.5 * math.log(2 * math.pi)
   # Two packed matrices (one gather per step, one scatter). Fixed per row: q sigma h lo |
@@ -1174,6 +1173,9 @@ def _log_j_levels(q, sigma, alphas):
     ref_ = jnp.where(first[:, None], ref_new[..., 0], ref_)
     e, mult = _grid_terms(nodes, ex(s_), alpha, m_ref_[..., None])
     values = jnp.exp(jnp.maximum(e - ref_[..., None], _exp_floor(dtype))) * mult
+    # The 65th node of a refinement block is a dummy: zero, so that it cannot reach the sums
+    # even as inf or NaN (a weight of 0 would not stop those).
+    values = jnp.where(first[:, None, None] | (j < _LEVEL_NODES - 1), values, 0.0)
     sums = jnp.einsum("rgk,kc->rgc", values, weights, precision=lax.Precision.HIGHEST)
     shift = m_ref_ * (m_ref_ - 1) / (2 * s2)
     base = ref_ - log_half_2pi - jnp.log(s_)[:, None]   # log T = log(sum) + base + log(step)
