@@ -962,7 +962,14 @@ def _grid_nodes(z, sigma, log_q, log1m_q, q):
               log_abs_ell=log_abs_ell, x=jnp.where(positive, x, -x), ratio_neg=ratio_neg)
 
 
-def _grid_terms(nodes, sigma, alpha, m_ref, exponent_only=False):
+def _order_constants(alpha):
+  """Per-order constants of :func:`_grid_terms`: the series radius x_s = min(0.1, 1/(2 alpha)),
+  log x_s and log(alpha/2) (computed once per order, outside the loops over nodes)."""
+  x_small = jnp.minimum(jnp.asarray(_SERIES_RADIUS, alpha.dtype), 0.5 / alpha)
+  return x_small, jnp.log(x_small), jnp.log(alpha / 2)
+
+
+def _grid_terms(nodes, sigma, alpha, m_ref, exponent_only=False, constants=None):
   r"""The integrand of :func:`_integrand` at shared nodes, as exponent and multiplier:
   :math:`\varphi_\sigma(z) g_\alpha(x) = \sqrt{2\pi}\sigma\,
   e^{m_{ref}(m_{ref}-1)/(2\sigma^2)}\, e^{e}\, \mathrm{mult}` with ``mult`` >= 0 of order
@@ -971,19 +978,20 @@ def _grid_terms(nodes, sigma, alpha, m_ref, exponent_only=False):
   one expm1 (the logarithms are per node): for x > 0, mult = exprel(-beta ell) -
   x e^{-alpha ell}/ell; for x < 0, mult = 1 - (1-|x|)|ell| exprel(-beta|ell|)/|x|; in the
   series region mult is the series' sum. ``m_ref``: the reference power (broadcasts).
-  ``exponent_only``: the exponent alone (mult None), without tracing the multiplier."""
+  ``exponent_only``: the exponent alone (mult None), without tracing the multiplier.
+  ``constants``: :func:`_order_constants` of ``alpha`` where already computed."""
   z, positive = nodes["z"], nodes["positive"]
   dtype = z.dtype
   s2 = sigma * sigma
   beta = alpha - 1
-  x_small = jnp.minimum(jnp.asarray(_SERIES_RADIUS, dtype), 0.5 / alpha)
-  log_x_small = jnp.log(x_small)
+  x_small, log_x_small, log_alpha_half = (_order_constants(alpha) if constants is None
+                                           else constants)
   small = nodes["log_abs_x"] <= log_x_small
   relative = lambda m: (m - m_ref) * (m + m_ref - 1) / (2 * s2)
   ell, ell_minus_u, log_abs_ell = nodes["ell"], nodes["ell_minus_u"], nodes["log_abs_ell"]
   # Exponents. Series: g = (alpha/2) x^2 sum_j c_j x^j with m = 2 (x > 0) or 0.
   m_series = jnp.where(positive, 2.0, 0.0).astype(dtype)
-  e_series = (jnp.log(alpha / 2) + 2 * jnp.minimum(nodes["log_q1m"], log_x_small)
+  e_series = (log_alpha_half + 2 * jnp.minimum(nodes["log_q1m"], log_x_small)
               - (z - m_series) ** 2 / (2 * s2) + relative(m_series))
   size_alpha = jnp.maximum(jnp.maximum(alpha * alpha, (z - alpha) ** 2) / (2 * s2),
                            jnp.abs(alpha * ell_minus_u))
@@ -1031,9 +1039,12 @@ def _reference_power(e_abs, sigma2, alpha):
   sets the scale of the sums (the log integrand changes by well under a nat between the
   nodes it is located on)."""
   peak = jnp.max(e_abs, axis=-1, keepdims=True)
-  candidates = jnp.stack(jnp.broadcast_arrays(jnp.zeros_like(peak), jnp.full_like(peak, 2.0), alpha), -1)
-  distance = jnp.abs(peak[..., None] - candidates * (candidates - 1) / (2 * sigma2[..., None]))
-  m_ref = jnp.take_along_axis(candidates, jnp.argmin(distance, axis=-1)[..., None], axis=-1)[..., 0]
+  alpha = jnp.broadcast_to(alpha, peak.shape)
+  distance = lambda m: jnp.abs(peak - m * (m - 1) / (2 * sigma2))
+  d_zero, d_two, d_alpha = distance(jnp.zeros_like(peak)), distance(jnp.full_like(peak, 2.0)), distance(alpha)
+  # The first of the nearest (argmin's order: 0, 2, alpha).
+  m_ref = jnp.where((d_zero <= d_two) & (d_zero <= d_alpha), 0.0,
+                    jnp.where(d_two <= d_alpha, 2.0, alpha)).astype(peak.dtype)
   return m_ref, jnp.where(jnp.isfinite(peak), peak - m_ref * (m_ref - 1) / (2 * sigma2), 0.0)
 
 
@@ -1136,16 +1147,22 @@ def _log_j_levels(q, sigma, alphas):
   j = jnp.arange(_LEVEL_NODES, dtype=dtype)
   ex = lambda v: v[:, None, None]
   log_half_2pi = 0.5 * math.log(2 * math.pi)
-  # Two packed matrices (one gather per step, one scatter). Fixed per row: q sigma h lo |
-  # alphas. State per row: level being built, its block | per order: the midpoint sum so far,
-  # the sum and the rule of the last complete level, the rule of the one before (all
-  # relative to ref), log J, failed, m_ref, ref, the edge value.
-  fixed = jnp.concatenate([jnp.stack([q, sigma, h, lo], axis=-1), alphas], axis=-1)
+  # Two packed matrices (one gather per step, one scatter). Fixed per row: q sigma lo log q
+  # log(1-q) log sigma | alphas and their constants (_order_constants). State per row: level being built, its block, the blocks of
+  # the level, its step and log step | per order: the midpoint sum so far, the sum and the
+  # rule of the last complete level, the rule of the one before (all relative to ref),
+  # log J, failed, m_ref, ref, the edge value. Everything the body needs per row is a
+  # column (no logarithm or power of a row's scalars is taken in the loop).
+  n_fixed, n_counters = 6, 5
+  fixed = jnp.concatenate([jnp.stack([q, sigma, lo, jnp.log(q), jnp.log1p(-q), jnp.log(sigma)],
+                                     axis=-1), alphas, *_order_constants(alphas)], axis=-1)
   zeros = jnp.zeros((r, g), dtype)
-  state = jnp.concatenate([jnp.zeros((r, 2), dtype), zeros, zeros, zeros, zeros,
-                           jnp.full((r, g), jnp.inf, dtype), jnp.ones((r, g), dtype),
-                           zeros, zeros, zeros], axis=-1)
-  cell = lambda m, k: m[:, 2 + k * g:2 + (k + 1) * g]   # k-th per-order block of `state`
+  step0 = 2 * h   # level 0: every second node of the 129-node grid
+  state = jnp.concatenate([jnp.stack([jnp.zeros_like(q), jnp.zeros_like(q), jnp.full_like(q, 0.5),
+                                      step0, jnp.log(step0)], axis=-1),
+                           zeros, zeros, zeros, zeros, jnp.full((r, g), jnp.inf, dtype),
+                           jnp.ones((r, g), dtype), zeros, zeros, zeros], axis=-1)
+  cell = lambda m, k: m[:, n_counters + k * g:n_counters + (k + 1) * g]   # k-th per-order block
 
   def body(carry):
     state, pending = carry
@@ -1153,50 +1170,58 @@ def _log_j_levels(q, sigma, alphas):
     idx = jnp.where(pending[order], order, r)          # compiles faster than jnp.nonzero)
     take = jnp.minimum(idx, r - 1)
     fx, st = fixed[take], state[take]
-    q_, s_, h0, lo_ = (fx[:, i] for i in range(4))
-    alphas_ = fx[:, 4:]
-    level, blk = st[:, 0], st[:, 1]
+    q_, s_, lo_, log_q_, log1m_q_, log_s_ = (fx[:, i] for i in range(n_fixed))
+    alphas_, *constants = (fx[:, n_fixed + k * g:n_fixed + (k + 1) * g] for k in range(4))
+    constants = [v[..., None] for v in constants]
+    level, blk, blocks, step, log_step = (st[:, i] for i in range(n_counters))
     partial, total, log_t, older, log_j, still_failed, m_ref_, ref_, edge = (
         cell(st, k) for k in range(9))
     first = level == 0
-    h_ = 2 * h0 / _pow2(level)   # this level's step
-    # Level 0: lo + 2h j; level >= 1, block b: the midpoints lo + h_ (128 b + 1 + 2 j).
-    offset = jnp.where(first, 0.0, h_ * (2 * (_LEVEL_NODES - 1) * blk + 1))
-    z = ex(lo_) + ex(offset) + ex(jnp.where(first, h_, 2 * h_)) * j
-    nodes = _grid_nodes(z, ex(s_), ex(jnp.log(q_)), ex(jnp.log1p(-q_)), ex(q_))
+    # Level 0: lo + step j; level >= 1 (step halved), block b: the midpoints
+    # lo + step (128 b + 1 + 2 j).
+    offset = jnp.where(first, 0.0, step * (2 * (_LEVEL_NODES - 1) * blk + 1))
+    z = ex(lo_) + ex(offset) + ex(jnp.where(first, step, 2 * step)) * j
+    nodes = _grid_nodes(z, ex(s_), ex(log_q_), ex(log1m_q_), ex(q_))
     alpha = alphas_[..., None]
     s2 = (s_ * s_)[:, None]
     e_abs, _ = _grid_terms({k: v[..., ::2] for k, v in nodes.items()}, ex(s_), alpha,
-                           jnp.zeros_like(alpha), exponent_only=True)
+                           jnp.zeros_like(alpha), exponent_only=True, constants=constants)
     m_new, ref_new = _reference_power(e_abs, s2[..., None], alpha)
     m_ref_ = jnp.where(first[:, None], m_new[..., 0], m_ref_)
     ref_ = jnp.where(first[:, None], ref_new[..., 0], ref_)
-    e, mult = _grid_terms(nodes, ex(s_), alpha, m_ref_[..., None])
+    e, mult = _grid_terms(nodes, ex(s_), alpha, m_ref_[..., None], constants=constants)
     values = jnp.exp(jnp.maximum(e - ref_[..., None], _exp_floor(dtype))) * mult
     # The 65th node of a refinement block is a dummy: zero, so that it cannot reach the sums
     # even as inf or NaN (a weight of 0 would not stop those).
     values = jnp.where(first[:, None, None] | (j < _LEVEL_NODES - 1), values, 0.0)
     sums = jnp.einsum("rgk,kc->rgc", values, weights, precision=lax.Precision.HIGHEST)
     shift = m_ref_ * (m_ref_ - 1) / (2 * s2)
-    base = ref_ - log_half_2pi - jnp.log(s_)[:, None]   # log T = log(sum) + base + log(step)
-    log_step = jnp.log(h_)[:, None]
+    base = (ref_ - log_half_2pi - log_s_[:, None]) + log_step[:, None]   # log T = log(sum) + base
     partial = jnp.where(first[:, None], 0.0, partial + sums[..., 3])
-    complete = first | (blk == _pow2(level - 1) - 1)
+    complete = first | (blk == blocks - 1)
     new_total = jnp.where(first[:, None], sums[..., 0], total + partial)
-    new_log_t = jnp.log(new_total) + base + log_step
-    coarse = jnp.where(first[:, None], jnp.log(sums[..., 1]) + base + log_step + math.log(2), log_t)
-    coarser = jnp.where(first[:, None], jnp.log(sums[..., 2]) + base + log_step + math.log(4), older)
-    edge = jnp.where(first[:, None], jnp.log(jnp.maximum(sums[..., 4], sums[..., 5])) + base + log_step,
-                     edge)
-    still = _assess(new_log_t, coarse, coarser, edge, shift, jnp.broadcast_to(h_[:, None], (cap, g)),
+    # One logarithm of the four sums: the level's rule, at level 0 also the rules on every
+    # second and fourth node and the larger edge value.
+    logs = jnp.log(jnp.stack([new_total, sums[..., 1], sums[..., 2],
+                              jnp.maximum(sums[..., 4], sums[..., 5])], axis=-1)) + base[..., None]
+    new_log_t = logs[..., 0]
+    coarse = jnp.where(first[:, None], logs[..., 1] + math.log(2), log_t)
+    coarser = jnp.where(first[:, None], logs[..., 2] + math.log(4), older)
+    edge = jnp.where(first[:, None], logs[..., 3], edge)
+    still = _assess(new_log_t, coarse, coarser, edge, shift, jnp.broadcast_to(step[:, None], (cap, g)),
                     s_[:, None], alphas_)
     was_failed = still_failed > 0
     newly = complete[:, None] & was_failed & ~still
     failed_now = was_failed & ~newly
     done = complete & (~jnp.any(failed_now, axis=-1) | (level == _SHARED_LEVELS))
     c = complete[:, None]
+    # A completed level starts the next: twice the blocks, half the step.
+    counters = jnp.stack([jnp.where(complete, level + 1, level), jnp.where(complete, 0.0, blk + 1),
+                          jnp.where(complete, 2 * blocks, blocks),
+                          jnp.where(complete, 0.5 * step, step),
+                          jnp.where(complete, log_step + _LOG_HALF, log_step)], -1)
     out = jnp.concatenate([
-        jnp.stack([jnp.where(complete, level + 1, level), jnp.where(complete, 0.0, blk + 1)], -1),
+        counters,
         jnp.where(c, 0.0, partial), jnp.where(c, new_total, total), jnp.where(c, new_log_t, log_t),
         jnp.where(c, coarse, older), jnp.where(newly, new_log_t + shift, log_j),
         failed_now.astype(dtype), m_ref_, ref_, edge], axis=-1)
