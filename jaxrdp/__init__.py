@@ -7,8 +7,6 @@ The library never changes ``jax_enable_x64``; it computes in the dtype it is giv
 
 from jaxrdp.accounting import (calibrate_noise_multiplier, calibrate_sampling_rate,
                                 calibrate_steps, dpsgd_epsilon)
-from jaxrdp.audit import (AuditResult, audit_statistics, audit_transform, clopper_pearson_upper,
-                          epsilon_lower_bound)
 from jaxrdp.closed_form import rdp_sampled_gaussian_closed_form
 from jaxrdp.composition import compute_rdp
 from jaxrdp.conversion import compute_delta, compute_epsilon
@@ -18,18 +16,40 @@ from jaxrdp.microbatch import ClippedGradSum, clipped_grad_sum
 from jaxrdp.orders import DEFAULT_ORDERS
 from jaxrdp.randomized_response import rdp_randomized_response
 from jaxrdp.relative_gaussian import rdp_relative_gaussian
-from jaxrdp.relative_gaussian_transform import (RelativeGaussianNoiseState,
-                                                rdp_relative_gaussian_descent,
-                                                relative_gaussian_noise)
 from jaxrdp.sampled_gaussian import log_a, rdp_sampled_gaussian
 from jaxrdp.sampling import (poisson_max_batch_size, poisson_overflow_probability, poisson_sample,
                              poisson_truncation_delta)
 from jaxrdp.schedules import ScheduleResult, epsilon_trajectory, optimize_schedule
 from jaxrdp.sweep import sweep, sweep_noise_multiplier
-from jaxrdp.transform import (DifferentiallyPrivateAggregateState, differentially_private_aggregate,
-                              dpsgd, privacy_spent, rdp_spent)
 from jaxrdp.without_replacement import rdp_sampled_gaussian_without_replacement
 from jaxrdp.zcdp import pure_dp_to_zcdp, rdp_tcdp, rdp_zcdp, zcdp_to_delta, zcdp_to_epsilon
+
+import importlib as _importlib
+
+# The optax transforms and the audit (which import optax) load on first use: an accounting
+# query does not pay for importing optax.
+_LAZY = {
+    **dict.fromkeys(("AuditResult", "audit_statistics", "audit_transform", "clopper_pearson_upper",
+                     "epsilon_lower_bound"), "jaxrdp.audit"),
+    **dict.fromkeys(("RelativeGaussianNoiseState", "rdp_relative_gaussian_descent",
+                     "relative_gaussian_noise"), "jaxrdp.relative_gaussian_transform"),
+    **dict.fromkeys(("DifferentiallyPrivateAggregateState", "differentially_private_aggregate",
+                     "dpsgd", "privacy_spent", "rdp_spent"), "jaxrdp.transform"),
+}
+
+
+def __getattr__(name):
+  module = _LAZY.get(name)
+  if module is None:
+    raise AttributeError(f"module 'jaxrdp' has no attribute {name!r}")
+  value = getattr(_importlib.import_module(module), name)
+  globals()[name] = value
+  return value
+
+
+def __dir__():
+  return sorted(set(globals()) | set(_LAZY))
+
 
 __version__ = "0.1.0"
 

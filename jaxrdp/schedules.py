@@ -33,7 +33,6 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from jaxrdp import _compile
 from jaxrdp import _validation
@@ -100,6 +99,7 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array],
   grid = _orders(orders, dtype)
   delta = jnp.asarray(delta, dtype)
   log_target = jnp.log(jnp.asarray(target_epsilon, dtype))
+  import optax   # here, not at import: an accounting query does not pay for importing optax
   optimizer = optax.adam(0.05) if optimizer is None else optimizer
 
   theta = jnp.log(sigma0)
@@ -136,7 +136,7 @@ def _make_step(utility, optimizer, q, t, delta, grid):
     dU_du, dU_dtheta = u_grad(u, theta)
     grad = dU_dtheta - dU_du * h_theta / h_u   # implicit-function theorem
     updates, opt_state = optimizer.update(grad, opt_state, theta)
-    theta = optax.apply_updates(theta, updates)
+    theta = (theta + updates).astype(theta.dtype)   # optax.apply_updates of one array
     return theta, u, opt_state, utility(jnp.exp(u + theta), q)
   return step
 
