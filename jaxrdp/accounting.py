@@ -440,41 +440,67 @@ def _safe_boundary(g, s0, s_min, s_max):
   Returns (s, found, open): s is always a point where g was evaluated and found ≤ 0, or
   s_min when g(s_min) ≤ 0; found is false when even g(s_max) > 0. ``g`` returns its value and
   a flag (a value it used was left open, see :func:`_grid_values`); ``open``: any flag.
+  The steps are :func:`_boundary_point` and :func:`_boundary_update`, which
+  :func:`_host_boundary` runs from the host instead.
   """
-  dtype = s0.dtype
-  inf = jnp.asarray(jnp.inf, dtype)
-  # state: lo, hi, interpolation weights at lo and hi, which end moved last, done, found, count
-  false, zero = jnp.asarray(False), jnp.asarray(0, jnp.int32)
-  state = (-inf, inf, inf, -inf, zero, false, false, zero, false)
-
-  def next_point(state):
-    lo, hi, f_lo, f_hi = state[:4]
-    have_lo, have_hi = jnp.isfinite(lo), jnp.isfinite(hi)
-    interp = hi - f_hi * (hi - lo) / (f_hi - f_lo)
-    bisect = ~jnp.isfinite(f_lo) | ~jnp.isfinite(f_hi) | ~((interp > lo) & (interp < hi))
-    both = jnp.where(bisect, 0.5 * (lo + hi), interp)
-    up = jnp.minimum(jnp.where(have_lo, lo + 1.5, s0), s_max)
-    down = jnp.maximum(jnp.where(have_hi, hi - 1.5, s0), s_min)
-    return jnp.where(have_lo & have_hi, both, jnp.where(have_hi, down, up))
-
   def body(state):
-    lo, hi, f_lo, f_hi, side, _, _, count, is_open = state
-    x = next_point(state)
-    gx, open_x = g(x)
-    gx = jnp.where(jnp.isnan(gx), inf, gx)   # no information counts as not ok
-    ok = gx <= 0
-    # Illinois: when the same end moves twice, halve the other end's weight.
-    new_f_lo = jnp.where(ok, jnp.where(side == -1, f_lo / 2, f_lo), gx)
-    new_f_hi = jnp.where(ok, gx, jnp.where(side == 1, f_hi / 2, f_hi))
-    lo, hi = jnp.where(ok, lo, x), jnp.where(ok, x, hi)
-    found = jnp.isfinite(hi)
-    done = ((~ok & (x >= s_max)) | (ok & (x <= s_min))
-            | (jnp.isfinite(lo) & found & (hi - lo < 1e-9)))
-    side = jnp.where(ok, -1, 1).astype(jnp.int32)
-    return (lo, hi, new_f_lo, new_f_hi, side, done, found, count + 1, is_open | open_x)
-
-  state = lax.while_loop(lambda st: ~st[5] & (st[7] < 200), body, state)
+    x = _boundary_point(state, s0, s_min, s_max, jnp)
+    return _boundary_update(state, x, *g(x), s_min, s_max, jnp)
+  state = lax.while_loop(lambda st: ~st[5] & (st[7] < _BOUNDARY_STEPS), body,
+                         jax.tree_util.tree_map(jnp.asarray, _boundary_start(s0.dtype)))
   return state[1], state[6], state[8]
+
+
+_BOUNDARY_STEPS = 200
+
+
+def _boundary_start(dtype):
+  """The state of :func:`_safe_boundary`: lo, hi, the interpolation weights at lo and hi,
+  which end moved last, done, found, count, open."""
+  inf = np.asarray(np.inf, dtype)
+  false, zero = np.asarray(False), np.asarray(0, np.int32)
+  return (-inf, inf, inf, -inf, zero, false, false, zero, false)
+
+
+def _boundary_point(state, s0, s_min, s_max, xp):
+  """The next point :func:`_safe_boundary` evaluates (``xp``: jax.numpy or numpy)."""
+  lo, hi, f_lo, f_hi = state[:4]
+  have_lo, have_hi = xp.isfinite(lo), xp.isfinite(hi)
+  with np.errstate(invalid="ignore", divide="ignore"):   # unused branches may be NaN
+    interp = hi - f_hi * (hi - lo) / (f_hi - f_lo)
+    bisect = ~xp.isfinite(f_lo) | ~xp.isfinite(f_hi) | ~((interp > lo) & (interp < hi))
+    both = xp.where(bisect, 0.5 * (lo + hi), interp)
+  up = xp.minimum(xp.where(have_lo, lo + 1.5, s0), s_max)
+  down = xp.maximum(xp.where(have_hi, hi - 1.5, s0), s_min)
+  return xp.where(have_lo & have_hi, both, xp.where(have_hi, down, up)).astype(lo.dtype)
+
+
+def _boundary_update(state, x, gx, open_x, s_min, s_max, xp):
+  """The state of :func:`_safe_boundary` after g(x) = gx (open_x: it used an open value)."""
+  lo, hi, f_lo, f_hi, side, _, _, count, is_open = state
+  inf = xp.asarray(np.inf, lo.dtype)
+  gx = xp.where(xp.isnan(gx), inf, gx).astype(lo.dtype)   # no information counts as not ok
+  ok = gx <= 0
+  # Illinois: when the same end moves twice, halve the other end's weight.
+  new_f_lo = xp.where(ok, xp.where(side == -1, f_lo / 2, f_lo), gx)
+  new_f_hi = xp.where(ok, gx, xp.where(side == 1, f_hi / 2, f_hi))
+  lo, hi = xp.where(ok, lo, x), xp.where(ok, x, hi)
+  found = xp.isfinite(hi)
+  done = ((~ok & (x >= s_max)) | (ok & (x <= s_min))
+          | (xp.isfinite(lo) & found & (hi - lo < 1e-9)))
+  side = xp.where(ok, -1, 1).astype(np.int32)
+  return (lo, hi, new_f_lo, new_f_hi, side, done, found, count + 1, is_open | open_x)
+
+
+def _host_boundary(g, s0, s_min, s_max, dtype):
+  """:func:`_safe_boundary` with its steps run from the host: ``g`` (a host function of a
+  NumPy scalar) evaluates a compiled program, the bracket's logic is NumPy. (s, found)."""
+  state = _boundary_start(dtype)
+  s0 = np.asarray(s0, dtype)
+  while not state[5] and state[7] < _BOUNDARY_STEPS:
+    x = _boundary_point(state, s0, s_min, s_max, np)
+    state = _boundary_update(state, x, np.asarray(g(x), dtype), False, s_min, s_max, np)
+  return state[1], state[6]
 
 
 def _first_without_fallback(fn, *args):
@@ -520,7 +546,36 @@ def _calibrated(on_any_grid, on_concrete_grid, *args):
   split = _concrete_split(args[-1])
   if split is None:
     return on_any_grid(*args)
+  if _validation.is_concrete(args):
+    return _host_calibration(on_concrete_grid, *args)
   return _first_without_fallback(functools.partial(on_concrete_grid, split=split[0]), *args, split[1])
+
+
+def _host_calibration(on_concrete_grid, target, delta, fixed, t, grid):
+  """A calibration with concrete arguments: the bracket's steps run from the host
+  (:func:`_host_boundary`), each ε one call of the program that dpsgd_epsilon's order search
+  runs (:func:`_concrete_epsilons`, the grid with its slots; open values filled on the host),
+  so that no search loop is compiled around the kernel and the two share one compilation.
+  The same searches as :func:`_sigma_search` and :func:`_q_search`."""
+  orders, split, tables = _with_slots(grid)
+  k = grid.shape[0]
+  dtype = fixed.dtype
+  target_ = float(target)
+  if on_concrete_grid is _calibrate_sigma_on_grid:
+    value_of = lambda s: np.exp(s).astype(dtype)   # σ = e^s
+    args_of = lambda v: (fixed, jnp.full(fixed.shape, v, dtype))
+    s0, s_min, s_max = 0.0, math.log(_SIGMA_MIN), math.log(_SIGMA_MAX)
+  else:
+    value_of = lambda s: np.exp(-s).astype(dtype)   # q = e^-s
+    args_of = lambda v: (jnp.full(fixed.shape, v, dtype), fixed)
+    s0, s_min, s_max = math.log(100.0), 0.0, -math.log(_Q_MIN)
+
+  def g(s):   # log(ε/target), non-increasing in s
+    eps = _concrete_epsilons(*args_of(value_of(s)), t, delta, orders, split, tables)[:k]
+    with np.errstate(divide="ignore"):
+      return np.log(np.min(eps) / target_)
+  s, found = _host_boundary(g, s0, s_min, s_max, dtype)
+  return jnp.asarray(value_of(s) if found else np.nan, dtype)
 
 
 def _concrete_split(grid):
