@@ -862,7 +862,10 @@ def _log_expm1_of_square(k, sigma):
   return jnp.where(tiny, log_c + c / 2, c_safe + jnp.log(-jnp.expm1(-c_safe)))
 
 
-def _log_j_integer(per_pair, log1m_q, alpha, log_binom):
+_SUM_CHUNK = 65   # terms per chunk of the exact sums (k = 0..64: one chunk for orders <= 64)
+
+
+def _log_j_integer(per_pair, log1m_q, alphas, log_binoms):
   r"""log J = log((A_α − 1)/(α − 1)) for integer orders α >= 2, exactly:
 
   .. math:: A_\alpha - 1 = \sum_{k=2}^{\alpha} \binom{\alpha}{k} q^k (1-q)^{\alpha-k}
@@ -872,15 +875,45 @@ def _log_j_integer(per_pair, log1m_q, alpha, log_binom):
   e^{k(k-1)/(2\sigma^2)}` (Mironov, Talwar, Zhang 2019, Sec. 3.2) minus the same expansion of
   :math:`1 = (1-q+q)^\alpha`: a sum of non-negative terms, summed in log space, so nothing
   cancels (float32 too). ``per_pair``: :func:`_per_pair_terms` (n, >= K+1); ``log1m_q``:
-  log(1 - q), shape (n, 1); alpha: shape (m,); log_binom: log C(α, k), shape (m, K+1), -inf
-  unless 2 <= k <= α. Returns shape (n, m). The terms depend on (q, sigma, k) and on
-  (alpha, k) separately: both parts are computed once and shared across orders / pairs.
+  log(1 - q), shape (n, 1); ``alphas``: one array of orders per bucket (m_b,), ``log_binoms``:
+  their log C(α, k), (m_b, K_b + 1), -inf unless 2 <= k <= α. Returns (n, Σ m_b), the buckets'
+  orders in turn. The terms depend on (q, sigma, k) and on (alpha, k) separately: both parts
+  are computed once and shared across orders / pairs.
+
+  Every bucket's rows are cut into chunks of _SUM_CHUNK terms and all chunks of all buckets
+  summed together (log-sum-exp per chunk, then over each order's chunks): one set of kernels
+  for any number of buckets, where a set per bucket cost XLA a compilation each.
   """
-  per_pair = per_pair[:, :log_binom.shape[1]]
-  terms = log_binom[None] + per_pair[:, None, :] + (log1m_q * alpha[None, :])[..., None]
-  terms = jnp.where(jnp.isfinite(log_binom)[None], terms, -jnp.inf)
-  top = lax.stop_gradient(jnp.max(terms, axis=-1, keepdims=True))
-  log_a_minus_1 = jnp.log(jnp.sum(jnp.exp(terms - top), axis=-1)) + top[..., 0]
+  chunks, counts = [], []
+  for alpha, log_binom in zip(alphas, log_binoms):
+    m, width = log_binom.shape
+    per_order = -(-width // _SUM_CHUNK)
+    terms = log_binom[None] + per_pair[:, None, :width] + (log1m_q * alpha[None, :])[..., None]
+    terms = jnp.where(jnp.isfinite(log_binom)[None], terms, -jnp.inf)
+    terms = jnp.pad(terms, ((0, 0), (0, 0), (0, per_order * _SUM_CHUNK - width)),
+                    constant_values=-jnp.inf)
+    chunks.append(terms.reshape(terms.shape[0], m * per_order, _SUM_CHUNK))
+    counts += [per_order] * m
+  terms = jnp.concatenate(chunks, axis=1) if len(chunks) > 1 else chunks[0]
+  top = lax.stop_gradient(jnp.max(terms, axis=-1))
+  has_terms = jnp.isfinite(top)   # false for a chunk of padding only (k beyond its order)
+  top = jnp.where(has_terms, top, 0.0)
+  total = jnp.sum(jnp.exp(terms - top[..., None]), axis=-1)   # 0 for padding only
+  alpha = jnp.concatenate(alphas) if len(alphas) > 1 else alphas[0]
+  if max(counts) == 1:
+    log_a_minus_1 = jnp.log(total) + top
+  else:
+    # Each order's chunks (n, m, most chunks; padded with a chunk of nothing), summed in
+    # linear space relative to the largest of their tops: no logarithm of a partial sum is
+    # rounded (in float32 that would cost ~|log A| ulps).
+    starts, pad = np.cumsum([0] + counts[:-1]), sum(counts)
+    index = np.array([[start + j if j < count else pad for j in range(max(counts))]
+                      for start, count in zip(starts, counts)])
+    append = lambda v, fill: jnp.concatenate([v, jnp.full_like(v[:, :1], fill)], axis=1)[:, index]
+    chunk_top = append(jnp.where(has_terms, top, -jnp.inf), -jnp.inf)
+    chunk_total = append(total, 0.0)
+    top = jnp.max(chunk_top, axis=-1)   # finite: every order has terms
+    log_a_minus_1 = jnp.log(jnp.sum(chunk_total * jnp.exp(chunk_top - top[..., None]), axis=-1)) + top
   return log_a_minus_1 - jnp.log(alpha - 1)
 
 
@@ -931,8 +964,7 @@ def _integer_orders(q, sigma, alphas, tables):
 
   def block(qs):
     per_pair, log1m_q = _per_pair_terms(qs[0][:, None], qs[1][:, None], k_max)
-    return jnp.concatenate([_log_j_integer(per_pair, log1m_q, a, t) for a, t in zip(alphas, tables)],
-                           axis=-1)
+    return _log_j_integer(per_pair, log1m_q, alphas, tables)
 
   terms = sum(t.shape[0] * t.shape[1] for t in tables)
   return _in_row_blocks(block, max(1, _SUM_ELEMENTS // terms), q, sigma)
