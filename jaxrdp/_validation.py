@@ -83,12 +83,23 @@ def as_float_array(x) -> jax.Array:
   float). Conversions of concrete values happen on the host: an eager JAX op would compile."""
   if isinstance(x, (jax.Array, jax.core.Tracer)):
     return x if jnp.issubdtype(x.dtype, jnp.floating) else x.astype(jnp.result_type(float))
-  if isinstance(x, (float, np.floating)) and not isinstance(x, np.float16):
-    return jnp.asarray(x)  # keeps Python floats weakly typed, as jnp does
+  # jax.device_put, not jnp.asarray: the latter compiles a small program per shape and dtype
+  # (~10-20 ms each on a first call); both canonicalize the dtype (float64 without x64).
+  if isinstance(x, float):
+    return jax.device_put(x)  # keeps Python floats weakly typed, as jnp does
   v = np.asarray(x)
   if not np.issubdtype(v.dtype, np.floating):
-    return jnp.asarray(v, jnp.result_type(float))
-  return jnp.asarray(v)
+    v = v.astype(jnp.result_type(float))
+  return jax.device_put(v)
+
+
+def to_device(x, dtype=None) -> jax.Array:
+  """``jnp.asarray(x, dtype)`` without compiling: a concrete value is converted on the host
+  and placed with ``jax.device_put`` (jnp.asarray compiles a small program per shape and
+  dtype); a tracer goes through jnp.asarray."""
+  if isinstance(x, jax.core.Tracer):
+    return jnp.asarray(x, dtype)
+  return jax.device_put(np.asarray(x, dtype))
 
 
 def canonical_key(key):

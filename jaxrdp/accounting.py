@@ -129,7 +129,7 @@ def dpsgd_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typ
   _check_schedule(sampling_rate, noise_multiplier, steps, delta)
   q, sigma, t = _phases(sampling_rate, noise_multiplier, steps)
   grid = _orders(orders, q.dtype)
-  return _dpsgd_epsilon(q, sigma, t, jnp.asarray(delta, q.dtype), grid, refine_order)
+  return _dpsgd_epsilon(q, sigma, t, _validation.to_device(delta, q.dtype), grid, refine_order)
 
 
 def _dpsgd_epsilon(q, sigma, t, delta, grid, refine_order):
@@ -273,7 +273,7 @@ def _concrete_epsilon(q, sigma, t, delta, grid, refine_order):
       eps = _concrete_epsilons(q, sigma, t, delta, alphas, split, tables)
     state = _search_update(state, eps, np.zeros(eps.shape, bool), orders, steps, np)
   eps, best, _ = _search_result(state, np.asarray(delta), np)
-  return jnp.asarray(eps), jnp.asarray(best)
+  return _validation.to_device(eps), _validation.to_device(best)
 
 
 _BOUND_BINS = 64   # bins of phases whose bounds decide which grid orders a long schedule needs
@@ -531,7 +531,7 @@ def calibrate_noise_multiplier(target_epsilon: jax.typing.ArrayLike, delta: jax.
   _check_schedule(sampling_rate, 1.0, steps, delta)
   q, _, t = _phases(sampling_rate, 1.0, steps)
   grid = _orders(orders, q.dtype)
-  target, delta = jnp.asarray(target_epsilon, q.dtype), jnp.asarray(delta, q.dtype)
+  target, delta = (_validation.to_device(v, q.dtype) for v in (target_epsilon, delta))
   result = _calibrated(_calibrate_sigma, _calibrate_sigma_on_grid, target, delta, q, t, grid)
   if _validation.is_concrete(result) and np.isnan(np.asarray(result)):
     raise ValueError(f"target_epsilon={float(target_epsilon)} is not reachable with any noise "
@@ -563,11 +563,11 @@ def _host_calibration(on_concrete_grid, target, delta, fixed, t, grid):
   target_ = float(target)
   if on_concrete_grid is _calibrate_sigma_on_grid:
     value_of = lambda s: np.exp(s).astype(dtype)   # σ = e^s
-    args_of = lambda v: (fixed, jnp.full(fixed.shape, v, dtype))
+    args_of = lambda v: (fixed, np.full(fixed.shape, v, dtype))   # host arrays, as _phases
     s0, s_min, s_max = 0.0, math.log(_SIGMA_MIN), math.log(_SIGMA_MAX)
   else:
     value_of = lambda s: np.exp(-s).astype(dtype)   # q = e^-s
-    args_of = lambda v: (jnp.full(fixed.shape, v, dtype), fixed)
+    args_of = lambda v: (np.full(fixed.shape, v, dtype), fixed)
     s0, s_min, s_max = math.log(100.0), 0.0, -math.log(_Q_MIN)
 
   def g(s):   # log(ε/target), non-increasing in s
@@ -575,7 +575,7 @@ def _host_calibration(on_concrete_grid, target, delta, fixed, t, grid):
     with np.errstate(divide="ignore"):
       return np.log(np.min(eps) / target_)
   s, found = _host_boundary(g, s0, s_min, s_max, dtype)
-  return jnp.asarray(value_of(s) if found else np.nan, dtype)
+  return _validation.to_device(value_of(s) if found else np.nan, dtype)
 
 
 def _concrete_split(grid):
@@ -632,7 +632,7 @@ def calibrate_sampling_rate(target_epsilon: jax.typing.ArrayLike, delta: jax.typ
   _check_schedule(0.5, noise_multiplier, steps, delta)
   _, sigma, t = _phases(0.5, noise_multiplier, steps)
   grid = _orders(orders, sigma.dtype)
-  target, delta = jnp.asarray(target_epsilon, sigma.dtype), jnp.asarray(delta, sigma.dtype)
+  target, delta = (_validation.to_device(v, sigma.dtype) for v in (target_epsilon, delta))
   result = _calibrated(_calibrate_q, _calibrate_q_on_grid, target, delta, sigma, t, grid)
   if _validation.is_concrete(result) and np.isnan(np.asarray(result)):
     raise ValueError(f"target_epsilon={float(target_epsilon)} is not reachable with any sampling "

@@ -75,7 +75,7 @@ def compute_rdp(q: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
     rdp, pending = np.asarray(rdp)[:n].reshape(shape), np.asarray(pending)[:n].reshape(shape)
   pending = np.asarray(pending)
   if not pending.any():
-    return jnp.asarray(rdp)
+    return _validation.to_device(rdp)
   return sampled_gaussian.fill_pending(rdp, pending, q, sigma, orders, steps)
 
 
