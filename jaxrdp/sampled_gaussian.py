@@ -909,9 +909,10 @@ def _log_j_integer(per_pair, log1m_q, alphas, log_binoms):
     starts, pad = np.cumsum([0] + counts[:-1]), sum(counts)
     index = np.array([[start + j if j < count else pad for j in range(max(counts))]
                       for start, count in zip(starts, counts)])
-    append = lambda v, fill: jnp.concatenate([v, jnp.full_like(v[:, :1], fill)], axis=1)[:, index]
-    chunk_top = append(jnp.where(has_terms, top, -jnp.inf), -jnp.inf)
-    chunk_total = append(total, 0.0)
+    both = jnp.stack([jnp.where(has_terms, top, -jnp.inf), total])   # one gather for both
+    both = jnp.concatenate([both, jnp.stack([jnp.full_like(top[:, :1], -jnp.inf),
+                                             jnp.zeros_like(top[:, :1])])], axis=2)[:, :, index]
+    chunk_top, chunk_total = both[0], both[1]
     top = jnp.max(chunk_top, axis=-1)   # finite: every order has terms
     log_a_minus_1 = jnp.log(jnp.sum(chunk_total * jnp.exp(chunk_top - top[..., None]), axis=-1)) + top
   return log_a_minus_1 - jnp.log(alpha - 1)
@@ -1392,31 +1393,42 @@ def log_a_and_rdp_at_orders(q, sigma, orders, split=None, tables=None, fallback=
   qf, sf, orders = qf.astype(dtype), sf.astype(dtype), orders.astype(dtype)
   generic = (qf > 0) & (qf < 1) & (sf > 0)
   qg, sg_ = jnp.where(generic, qf, 0.5), jnp.where(generic, sf, 1.0)
-  # log J of every order at the generic stand-ins, then one _terms for the whole grid.
-  log_js, pendings, placed = [], [], []
-  if split.sums:
-    positions = [np.asarray(p) for p, _ in split.sums]
-    log_js.append(_integer_orders(qg, sg_, [orders[p] for p in positions], tables))
-    pendings.append(jnp.zeros((qf.shape[0], sum(p.size for p in positions)), bool))
-    placed.extend(int(i) for p in positions for i in p)
-  rest = np.setdiff1d(np.arange(orders.shape[0]), np.asarray(placed, int))
+  # log J of every order at the generic stand-ins, then one _terms for the whole grid: the
+  # orders are taken in the split's order (the exact sums' buckets, then the rest) by one
+  # gather, and the results put back by one.
+  positions = [np.asarray(p, int) for p, _ in split.sums or ()]
+  placed = np.concatenate(positions) if positions else np.zeros(0, int)
+  rest = np.setdiff1d(np.arange(orders.shape[0]), placed)
+  perm = np.concatenate([placed, rest])
+  identity = bool(np.all(perm == np.arange(perm.size)))
+  permuted = orders if identity else orders[perm]
+  log_js, pendings = [], []
+  if positions:
+    starts = np.cumsum([0] + [p.size for p in positions])
+    log_js.append(_integer_orders(qg, sg_, [permuted[a:b] for a, b in zip(starts[:-1], starts[1:])],
+                                  tables))
+    pendings.append(jnp.zeros((qf.shape[0], placed.size), bool))
   if rest.size:
-    alphas = orders[rest]
+    alphas = permuted[placed.size:]
     where_rest = {int(p): k for k, p in enumerate(rest)}
     groups = tuple(tuple(where_rest[p] for p in g) for g in split.shared)
     usable = jnp.isfinite(alphas) & (alphas >= 1)
     log_j = _log_j_orders(qg, sg_, jnp.where(usable, alphas, 2.0), groups, fallback)
     log_js.append(log_j)
     pendings.append(generic[:, None] & usable[None, :] & ~jnp.isfinite(log_j))
-    placed.extend(int(p) for p in rest)
-  inverse = np.argsort(np.asarray(placed))
-  log_j = jnp.concatenate(log_js, axis=-1)[:, inverse]
-  log_a, rdp = _terms(qf[:, None], sf[:, None], orders[None, :], log_j)
+  log_j = jnp.concatenate(log_js, axis=-1) if len(log_js) > 1 else log_js[0]
+  log_a, rdp = _terms(qf[:, None], sf[:, None], permuted[None, :], log_j)
+  outputs = [log_a, rdp]
+  if not fallback:
+    pending = jnp.concatenate(pendings, axis=-1) if len(pendings) > 1 else pendings[0]
+    outputs.append(pending.astype(dtype))
+  stacked = jnp.stack(outputs)
+  if not identity:
+    stacked = stacked[:, :, np.argsort(perm)]
   shape = batch + orders.shape
   if fallback:
-    return log_a.reshape(shape), rdp.reshape(shape)
-  pending = jnp.concatenate(pendings, axis=-1)[:, inverse]
-  return log_a.reshape(shape), rdp.reshape(shape), pending.reshape(shape)
+    return stacked[0].reshape(shape), stacked[1].reshape(shape)
+  return stacked[0].reshape(shape), stacked[1].reshape(shape), (stacked[2] > 0).reshape(shape)
 
 
 def fill_pending(rdp, pending, q, sigma, orders, steps=1.0):
