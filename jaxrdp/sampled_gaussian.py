@@ -914,7 +914,8 @@ def _log_j_integer(per_pair, log1m_q, alphas, log_binoms):
                                              jnp.zeros_like(top[:, :1])])], axis=2)[:, :, index]
     chunk_top, chunk_total = both[0], both[1]
     top = jnp.max(chunk_top, axis=-1)   # finite: every order has terms
-    log_a_minus_1 = jnp.log(jnp.sum(chunk_total * jnp.exp(chunk_top - top[..., None]), axis=-1)) + top
+    weighted = chunk_total * jnp.exp(chunk_top - top[..., None])
+    log_a_minus_1 = jnp.log(jnp.sum(weighted, axis=-1)) + top
   return log_a_minus_1 - jnp.log(alpha - 1)
 
 
@@ -1074,7 +1075,8 @@ def _reference_power(e_abs, sigma2, alpha):
   peak = jnp.max(e_abs, axis=-1, keepdims=True)
   alpha = jnp.broadcast_to(alpha, peak.shape)
   distance = lambda m: jnp.abs(peak - m * (m - 1) / (2 * sigma2))
-  d_zero, d_two, d_alpha = distance(jnp.zeros_like(peak)), distance(jnp.full_like(peak, 2.0)), distance(alpha)
+  d_zero, d_two = distance(jnp.zeros_like(peak)), distance(jnp.full_like(peak, 2.0))
+  d_alpha = distance(alpha)
   # The first of the nearest (argmin's order: 0, 2, alpha).
   m_ref = jnp.where((d_zero <= d_two) & (d_zero <= d_alpha), 0.0,
                     jnp.where(d_two <= d_alpha, 2.0, alpha)).astype(peak.dtype)
@@ -1181,11 +1183,11 @@ def _log_j_levels(q, sigma, alphas):
   ex = lambda v: v[:, None, None]
   log_half_2pi = 0.5 * math.log(2 * math.pi)
   # Two packed matrices (one gather per step, one scatter). Fixed per row: q sigma lo log q
-  # log(1-q) log sigma | alphas and their constants (_order_constants). State per row: level being built, its block, the blocks of
-  # the level, its step and log step | per order: the midpoint sum so far, the sum and the
-  # rule of the last complete level, the rule of the one before (all relative to ref),
-  # log J, failed, m_ref, ref, the edge value. Everything the body needs per row is a
-  # column (no logarithm or power of a row's scalars is taken in the loop).
+  # log(1-q) log sigma | alphas and their constants (_order_constants). State per row: level
+  # being built, its block, the blocks of the level, its step and log step | per order: the
+  # midpoint sum so far, the sum and the rule of the last complete level, the rule of the one
+  # before (all relative to ref), log J, failed, m_ref, ref, the edge value. Everything the
+  # body needs per row is a column (no logarithm or power of a row's scalars in the loop).
   n_fixed, n_counters = 6, 5
   fixed = jnp.concatenate([jnp.stack([q, sigma, lo, jnp.log(q), jnp.log1p(-q), jnp.log(sigma)],
                                      axis=-1), alphas, *_order_constants(alphas)], axis=-1)
@@ -1241,8 +1243,8 @@ def _log_j_levels(q, sigma, alphas):
     coarse = jnp.where(first[:, None], logs[..., 1] + math.log(2), log_t)
     coarser = jnp.where(first[:, None], logs[..., 2] + math.log(4), older)
     edge = jnp.where(first[:, None], logs[..., 3], edge)
-    still = _assess(new_log_t, coarse, coarser, edge, shift, jnp.broadcast_to(step[:, None], (cap, g)),
-                    s_[:, None], alphas_)
+    still = _assess(new_log_t, coarse, coarser, edge, shift,
+                    jnp.broadcast_to(step[:, None], (cap, g)), s_[:, None], alphas_)
     was_failed = still_failed > 0
     newly = complete[:, None] & was_failed & ~still
     failed_now = was_failed & ~newly
