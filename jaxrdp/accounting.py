@@ -364,14 +364,23 @@ def _envelope(eps, best, q, sigma, t, delta):
   return eps
 
 
-@_envelope.defjvp
 def _envelope_jvp(primals, tangents):
   eps, best, *args = primals
   _, _, *dots = tangents
-  grads = _concrete_gradient(best, *args)
+  # Symbolic zeros: only the partial derivatives whose tangents are not known to be zero are
+  # computed (jax.grad w.r.t. sigma alone needs one direction of the RDP's derivative, not
+  # two, and its graph no batching over directions).
+  wanted = tuple(not isinstance(d, jax.custom_derivatives.SymbolicZero) for d in dots)
+  if not any(wanted):
+    return eps, jnp.zeros_like(eps)
+  grads = _concrete_gradient(best, *args, wanted=wanted)
   if grads is None:
     grads = _epsilon_gradient(best, *args)
-  return eps, _contract(tuple(grads), tuple(dots)).astype(eps.dtype)
+  pairs = tuple((g, d) for g, d, w in zip(grads, dots, wanted) if w)
+  return eps, _contract(*zip(*pairs)).astype(eps.dtype)
+
+
+_envelope.defjvp(_envelope_jvp, symbolic_zeros=True)
 
 
 @jax.jit
@@ -394,7 +403,7 @@ def _epsilon_gradient(best, q, sigma, t, delta):
   return tuple(jnp.where(usable, g, 0.0) for g in grads)
 
 
-def _concrete_gradient(best, q, sigma, t, delta):
+def _concrete_gradient(best, q, sigma, t, delta, wanted=(True,) * 4):
   """:func:`_epsilon_gradient` for concrete values at a usable order, through the split of that
   one order (the exact sum at an integer order, shared nodes at a fractional one up to 64,
   whose derivatives come from the same pass), so that the per-order quadrature is compiled
@@ -405,29 +414,40 @@ def _concrete_gradient(best, q, sigma, t, delta):
   if not (np.isfinite(alpha[0]) and alpha[0] > 1):
     return None
   split, tables = _concrete_split(alpha)
-  return _first_without_fallback(functools.partial(_gradient_at, split=split),
+  return _first_without_fallback(functools.partial(_gradient_at, split=split, wanted=wanted),
                                  alpha, q, sigma, t, delta, tables)
 
 
-@functools.partial(_compile.jit, static_argnames=("split", "fallback"),
+@functools.partial(_compile.jit, static_argnames=("split", "fallback", "wanted"),
                    work=lambda arguments: arguments["q"].size)
-def _gradient_at(alpha, q, sigma, t, delta, tables, fallback, split):
+def _gradient_at(alpha, q, sigma, t, delta, tables, fallback, split, wanted=(True,) * 4):
   """(d ε / d(q, σ, T, δ) at the one order ``alpha`` with its ``split``, open). Forward mode:
   phase i's RDP depends on (q_i, σ_i) alone, so two tangents (every q, every σ) give all its
-  partial derivatives, whatever the number of phases, and the graph holds no transpose."""
+  partial derivatives, whatever the number of phases, and the graph holds no transpose.
+  ``wanted`` (static): which of the four are needed; only those directions are taken (the
+  others are returned as zeros)."""
   def rdp_of(q_, s_):
     out = composition.rdp_of_steps(q_, s_, jnp.ones_like(q_), alpha, split, tables,
                                             fallback=fallback)
     rdp, pending = (out, jnp.zeros(out.shape, bool)) if fallback else out
     return rdp[:, 0], jnp.any(pending)
   one, zero = jnp.ones_like(q), jnp.zeros_like(q)
-  rdp, d_rdp, is_open = jax.vmap(
-      lambda dq, ds: jax.jvp(rdp_of, (q, sigma), (dq, ds), has_aux=True),
-      out_axes=(None, 0, None))(jnp.stack([one, zero]), jnp.stack([zero, one]))
+  directions = [d for d, w in zip(((one, zero), (zero, one)), wanted[:2]) if w]
+  if len(directions) == 2:
+    rdp, d_rdp, is_open = jax.vmap(
+        lambda dq, ds: jax.jvp(rdp_of, (q, sigma), (dq, ds), has_aux=True),
+        out_axes=(None, 0, None))(jnp.stack([one, zero]), jnp.stack([zero, one]))
+  elif directions:
+    rdp, d_rdp, is_open = jax.jvp(rdp_of, (q, sigma), directions[0], has_aux=True)
+    d_rdp = [d_rdp]
+  else:
+    (rdp, is_open), d_rdp = rdp_of(q, sigma), []
+  d_rdp = iter(d_rdp)
+  d_q, d_sigma = (next(d_rdp) if w else zero for w in wanted[:2])
   total = jnp.sum(jnp.where(t == 0, 0.0, t * rdp))
   d_total, d_delta = jax.grad(lambda r, d: epsilon_at_orders(alpha, r, d)[0], argnums=(0, 1))(total, delta)
   per_phase = lambda v: jnp.where(t == 0, 0.0, d_total * v)
-  return (per_phase(t * d_rdp[0]), per_phase(t * d_rdp[1]), per_phase(rdp), d_delta), is_open
+  return (per_phase(t * d_q), per_phase(t * d_sigma), per_phase(rdp), d_delta), is_open
 
 
 def _safe_boundary(g, s0, s_min, s_max):
