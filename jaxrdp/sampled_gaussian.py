@@ -1255,11 +1255,15 @@ def _log_j_levels(q, sigma, alphas):
                           jnp.where(complete, 2 * blocks, blocks),
                           jnp.where(complete, 0.5 * step, step),
                           jnp.where(complete, log_step + _LOG_HALF, log_step)], -1)
-    out = jnp.concatenate([
-        counters,
-        jnp.where(c, 0.0, partial), jnp.where(c, new_total, total), jnp.where(c, new_log_t, log_t),
-        jnp.where(c, coarse, older), jnp.where(newly, new_log_t + shift, log_j),
-        failed_now.astype(dtype), m_ref_, ref_, edge], axis=-1)
+    # The per-order blocks as one select between two stacks (one kernel, not one per block).
+    if_complete = jnp.stack([jnp.zeros_like(partial), new_total, new_log_t, coarse,
+                             new_log_t + shift], axis=1)
+    otherwise = jnp.stack([partial, total, log_t, older, log_j], axis=1)
+    select = jnp.stack([jnp.broadcast_to(c, newly.shape)] * 4 + [newly], axis=1)
+    blocks = jnp.concatenate([jnp.where(select, if_complete, otherwise),
+                              jnp.stack([failed_now.astype(dtype), m_ref_, ref_, edge], axis=1)],
+                             axis=1)
+    out = jnp.concatenate([counters, blocks.reshape(cap, 9 * g)], axis=-1)
     keep = jnp.where(idx < r, idx, r)   # out-of-range writes are dropped
     return state.at[keep].set(out, mode="drop"), pending.at[keep].set(~done, mode="drop")
 
