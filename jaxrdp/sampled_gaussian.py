@@ -361,7 +361,7 @@ def _placement(q, sigma, alpha):
   return (a0, a1, b0, b1, merged, m_ref)
 
 
-def _shared_window(q, sigma, alpha):
+def _shared_window(q, sigma, alpha, logs=None):
   """[lo, hi]: the span of the per-order windows of :func:`_placement` (window A's left end,
   the larger of the right ends), for the shared-node quadrature. The same modes and widths,
   but without the integrand's probes: the right tail's end is where the A-integrand bound F
@@ -369,9 +369,10 @@ def _shared_window(q, sigma, alpha):
   :math:`g_\\alpha(x) \\ge \\tfrac{\\alpha}{2}x^2\\min(1, (1+x)^{\\alpha-2})` and
   :math:`g_\\alpha(x) \\ge ((1+x)^\\alpha - 1 - \\alpha x)/(\\alpha - 1)` at the modes and at
   z = 0, 2. A lower bound only widens the window; the certificate (edge decay, rule
-  differences) decides either way."""
+  differences) decides either way.
+  ``logs``: (log q, log(1 - q), log sigma) where already computed."""
   dtype = q.dtype
-  log_q, log1m_q = jnp.log(q), jnp.log1p(-q)
+  log_q, log1m_q, log_sigma = (jnp.log(q), jnp.log1p(-q), jnp.log(sigma)) if logs is None else logs
   s2 = sigma * sigma
   z_left, w_left, z_right, w_right = _modes(log_q - log1m_q, sigma, alpha, _WINDOW_STEPS)
   distinct = z_right - z_left > _HALF_WIDTH * (w_left + w_right)
@@ -389,7 +390,7 @@ def _shared_window(q, sigma, alpha):
   small = jnp.log(a / 2) + 2 * log_abs_x + jnp.minimum(0.0, (a - 2) * ell)
   r = jnp.exp(jnp.minimum(jnp.log1p(a * jnp.exp(log_abs_x)) - a * ell, 0.0))
   large = jnp.where(u > 0, a * ell + jnp.log1p(-jnp.minimum(r, 1 - 1e-7)) - jnp.log(a - 1), -jnp.inf)
-  log_norm = -jnp.log(sigma) - 0.5 * math.log(2 * math.pi)
+  log_norm = -log_sigma - 0.5 * math.log(2 * math.pi)
   ref = jnp.max(jnp.maximum(small, large) - z * z / (2 * ex(s2)), axis=-1) + log_norm
   depth = 14.0 - math.log(float(jnp.finfo(dtype).eps))
 
@@ -1055,12 +1056,15 @@ def _grid_terms(nodes, sigma, alpha, m_ref, exponent_only=False, constants=None)
   return e, jnp.maximum(mult, 0.0)
 
 
-def _shared_span(q, sigma, alphas):
+def _shared_span(q, sigma, alphas, logs=None):
   """(lo, h): the shared grid of each row, [lo, lo + _SHARED_INTERVALS h], the union of the
-  per-order windows (:func:`_shared_window`) of the row's smallest and largest order."""
+  per-order windows (:func:`_shared_window`) of the row's smallest and largest order.
+  ``logs``: (log q, log(1 - q), log sigma) per row where already computed."""
   r = alphas.shape[0]
   ends = jnp.stack([alphas[:, 0], alphas[:, -1]], axis=-1).reshape(-1)
-  lo, hi = _shared_window(jnp.repeat(q, 2), jnp.repeat(sigma, 2), ends)
+  twice = lambda v: jnp.repeat(v, 2)
+  lo, hi = _shared_window(twice(q), twice(sigma), ends,
+                          None if logs is None else tuple(twice(v) for v in logs))
   lo, hi = jnp.min(lo.reshape(r, 2), axis=1), jnp.max(hi.reshape(r, 2), axis=1)
   return lo, (hi - lo) / _SHARED_INTERVALS
 
@@ -1176,7 +1180,8 @@ def _log_j_levels(q, sigma, alphas):
   dtype = q.dtype
   sg = lax.stop_gradient
   q, sigma, alphas = sg(q), sg(sigma), sg(alphas)
-  lo, h = _shared_span(q, sigma, alphas)
+  logs = (jnp.log(q), jnp.log1p(-q), jnp.log(sigma))   # once per row, for the span too
+  lo, h = _shared_span(q, sigma, alphas, logs)
   cap = min(r, _LEVEL_ROWS)
   weights = jnp.asarray(_level_weights(), dtype)
   j = jnp.arange(_LEVEL_NODES, dtype=dtype)
@@ -1189,7 +1194,7 @@ def _log_j_levels(q, sigma, alphas):
   # before (all relative to ref), log J, failed, m_ref, ref, the edge value. Everything the
   # body needs per row is a column (no logarithm or power of a row's scalars in the loop).
   n_fixed, n_counters = 6, 5
-  fixed = jnp.concatenate([jnp.stack([q, sigma, lo, jnp.log(q), jnp.log1p(-q), jnp.log(sigma)],
+  fixed = jnp.concatenate([jnp.stack([q, sigma, lo, *logs],
                                      axis=-1), alphas, *_order_constants(alphas)], axis=-1)
   zeros = jnp.zeros((r, g), dtype)
   step0 = 2 * h   # level 0: every second node of the 129-node grid
