@@ -856,9 +856,10 @@ def _log_expm1_of_square(k, sigma):
   log c + c/2 (within 1e-17 relative), with log c taken from log sigma: for huge sigma c
   underflows (float64 above ~1e154, float32 above ~1e19), and e^c - 1 = 0 would make the
   result +inf instead of the tiny true value."""
-  c = k * (k - 1) / (2 * sigma * sigma)
+  half = k * (k - 1) / 2   # k: a NumPy array (constants: no kernel of their own); exact
+  c = half.astype(sigma.dtype) / (sigma * sigma)
   tiny = c < 1e-8
-  log_c = jnp.log(k * (k - 1) / 2) - 2 * jnp.log(sigma)
+  log_c = np.log(half).astype(sigma.dtype) - 2 * jnp.log(sigma)
   c_safe = jnp.where(tiny, 1.0, c)
   return jnp.where(tiny, log_c + c / 2, c_safe + jnp.log(-jnp.expm1(-c_safe)))
 
@@ -952,9 +953,10 @@ def _per_pair_terms(q, sigma, k_max):
   """k log(q / (1 - q)) + log(e^{k(k-1)/(2 sigma^2)} - 1) for k = 0 .. k_max (k < 2 as k = 2:
   their binomial coefficients are -inf), shape (n, k_max + 1), for q, sigma of shape (n, 1);
   and log(1 - q)."""
-  k = jnp.arange(k_max + 1, dtype=q.dtype)
+  k = np.arange(k_max + 1, dtype=np.float64)
   log_q, log1m_q = jnp.log(q), jnp.log1p(-q)
-  return k * (log_q - log1m_q) + _log_expm1_of_square(jnp.maximum(k, 2.0), sigma), log1m_q
+  per_pair = k.astype(q.dtype) * (log_q - log1m_q) + _log_expm1_of_square(np.maximum(k, 2.0), sigma)
+  return per_pair, log1m_q
 
 
 def _integer_orders(q, sigma, alphas, tables):
