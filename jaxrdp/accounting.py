@@ -456,7 +456,8 @@ def _safe_boundary(g, s0, s_min, s_max):
   One evaluation of g per step of a single ``while_loop`` (one copy of the kernel in the
   compiled graph): first a bracket, walking from s0 in steps of 1.5, then regula falsi with the
   Illinois modification (superlinear), falling back to bisection when an end is infinite or
-  the interpolated point leaves the bracket. Stops when the bracket is narrower than 1e-9.
+  the interpolated point leaves the bracket. Stops when the bracket is narrower than 1e-9
+  (or than a few ulps of its dtype).
   Returns (s, found, open): s is always a point where g was evaluated and found ≤ 0, or
   s_min when g(s_min) ≤ 0; found is false when even g(s_max) > 0. ``g`` returns its value and
   a flag (a value it used was left open, see :func:`_grid_values`); ``open``: any flag.
@@ -506,8 +507,11 @@ def _boundary_update(state, x, gx, open_x, s_min, s_max, xp):
   new_f_hi = xp.where(ok, gx, xp.where(side == 1, f_hi / 2, f_hi))
   lo, hi = xp.where(ok, lo, x), xp.where(ok, x, hi)
   found = xp.isfinite(hi)
+  # The bracket stops at 1e-9, or at a few ulps where the dtype cannot resolve 1e-9 (float32:
+  # otherwise the search would run its 200 steps without moving).
+  tol = xp.maximum(1e-9, 4 * float(np.finfo(lo.dtype).eps) * xp.maximum(1.0, xp.abs(hi)))
   done = ((~ok & (x >= s_max)) | (ok & (x <= s_min))
-          | (xp.isfinite(lo) & found & (hi - lo < 1e-9)))
+          | (xp.isfinite(lo) & found & (hi - lo < tol)))
   side = xp.where(ok, -1, 1).astype(np.int32)
   return (lo, hi, new_f_lo, new_f_hi, side, done, found, count + 1, is_open | open_x)
 

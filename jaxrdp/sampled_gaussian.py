@@ -1244,12 +1244,12 @@ def _log_j_levels(q, sigma, alphas):
     new_total = jnp.where(first[:, None], sums[..., 0], total + partial)
     # One logarithm of the four sums: the level's rule, at level 0 also the rules on every
     # second and fourth node and the larger edge value.
-    logs = jnp.log(jnp.stack([new_total, sums[..., 1], sums[..., 2],
-                              jnp.maximum(sums[..., 4], sums[..., 5])], axis=-1)) + base[..., None]
-    new_log_t = logs[..., 0]
-    coarse = jnp.where(first[:, None], logs[..., 1] + math.log(2), log_t)
-    coarser = jnp.where(first[:, None], logs[..., 2] + math.log(4), older)
-    edge = jnp.where(first[:, None], logs[..., 3], edge)
+    log_sums = jnp.log(jnp.stack([new_total, sums[..., 1], sums[..., 2],
+                                  jnp.maximum(sums[..., 4], sums[..., 5])], axis=-1)) + base[..., None]
+    new_log_t = log_sums[..., 0]
+    coarse = jnp.where(first[:, None], log_sums[..., 1] + math.log(2), log_t)
+    coarser = jnp.where(first[:, None], log_sums[..., 2] + math.log(4), older)
+    edge = jnp.where(first[:, None], log_sums[..., 3], edge)
     still = _assess(new_log_t, coarse, coarser, edge, shift,
                     jnp.broadcast_to(step[:, None], (cap, g)), s_[:, None], alphas_)
     was_failed = still_failed > 0
