@@ -76,8 +76,6 @@ _BISECTION_STEPS = 40
 _CHUNK = 4096             # elements per lax.map step at level 0 (bounds memory)
 _BATCH = 65536            # elements per pass of the whole pipeline (bounds memory)
 _TAIL_STEPS = 24
-_WINDOW_STEPS = 20        # bisection steps of the shared-node window (it only needs ~1e-6 of
-                          # its bracket: the certificate checks the window's edges anyway)
 _HALF_WIDTH = 11.0        # window half-width in local standard deviations (e^{-60})
 _LOG_HALF = math.log(0.5)
 
@@ -153,7 +151,10 @@ def _integrand(center, offset, sigma, log_q, log1m_q, q, alpha):
 
   # Series branch; a safe non-zero x where it is not taken (double-where).
   # |x| below e^-60 x_small changes the series sum by < 1e-26: clamp (no subnormals).
-  x_ser = jnp.exp(jnp.clip(log_abs_x, jnp.log(x_small) - 60, jnp.log(x_small)))
+  # Clamps by where, not minimum/clip: at a tie those halve the derivative (a node can land
+  # exactly on a branch's edge), where the one-sided derivative is the true one.
+  log_x_small = jnp.log(x_small)
+  x_ser = jnp.exp(jnp.maximum(jnp.where(small, log_abs_x, log_x_small), log_x_small - 60))
   x_ser = jnp.where(positive, x_ser, -x_ser)
   # One running product c_j x^j: |c_{j+1} x / c_j| <= 1/2, so it neither overflows nor
   # loses the coefficient to an underflowing power in float32.
@@ -163,12 +164,13 @@ def _integrand(center, offset, sigma, log_q, log1m_q, q, alpha):
     term = term * ((alpha - (2 + j)) * (x_ser * (1.0 / (j + 3))))
     total = total + term
   # 2 log|x| - m u (m = 2 for u > 0, m = 0 for u < 0) = 2 (log q + log(1 - e^{-|u|})).
-  rest_series = jnp.log(alpha / 2) + 2 * jnp.minimum(log_q + log1m_exp, jnp.log(x_small)) + jnp.log(total)
+  rest_series = (jnp.log(alpha / 2) + 2 * jnp.where(small, log_q + log1m_exp, log_x_small)
+                 + jnp.log(total))
 
   # Direct branch. ell = log(1+x); for u > 1 through ell - u = log q + softplus(logit(1-q) - u).
   ell_minus_u_big = log_q + _softplus(log1m_q - log_q - u)
-  ell_moderate = jnp.log1p(q * jnp.expm1(jnp.minimum(u, 1.0)))
   big = u > 1
+  ell_moderate = jnp.log1p(q * jnp.expm1(jnp.where(big, 1.0, u)))
   # Where the series is used, ell = 1 stands in (double-where): log|ell| and its derivative
   # 1/ell stay finite even when x underflows (tiny q), so no 0 * inf reaches the gradient.
   ell = jnp.where(small, 1.0, jnp.where(big, u + ell_minus_u_big, ell_moderate))
@@ -359,49 +361,6 @@ def _placement(q, sigma, alpha):
   a0, a1 = lo_a, jnp.where(merged, mid, hi_a)
   b0, b1 = jnp.where(merged, mid, lo_b), jnp.where(merged, hi_all, hi_b)
   return (a0, a1, b0, b1, merged, m_ref)
-
-
-def _shared_window(q, sigma, alpha, logs=None):
-  """[lo, hi]: the span of the per-order windows of :func:`_placement` (window A's left end,
-  the larger of the right ends), for the shared-node quadrature. The same modes and widths,
-  but without the integrand's probes: the right tail's end is where the A-integrand bound F
-  falls ``depth`` nats below a lower bound of the (A - 1)-integrand's peak, from
-  :math:`g_\\alpha(x) \\ge \\tfrac{\\alpha}{2}x^2\\min(1, (1+x)^{\\alpha-2})` and
-  :math:`g_\\alpha(x) \\ge ((1+x)^\\alpha - 1 - \\alpha x)/(\\alpha - 1)` at the modes and at
-  z = 0, 2. A lower bound only widens the window; the certificate (edge decay, rule
-  differences) decides either way.
-  ``logs``: (log q, log(1 - q), log sigma) where already computed."""
-  dtype = q.dtype
-  log_q, log1m_q, log_sigma = (jnp.log(q), jnp.log1p(-q), jnp.log(sigma)) if logs is None else logs
-  s2 = sigma * sigma
-  z_left, w_left, z_right, w_right = _modes(log_q - log1m_q, sigma, alpha, _WINDOW_STEPS)
-  distinct = z_right - z_left > _HALF_WIDTH * (w_left + w_right)
-  w_low = jnp.where(z_left <= 2.0 + _HALF_WIDTH * w_left, w_left, sigma)
-  lo = jnp.minimum(0.0, jnp.where(distinct, z_left, 0.0)) - _HALF_WIDTH * w_low
-  hi_a = jnp.maximum(2.0, jnp.where(distinct, z_left, 2.0)) + _HALF_WIDTH * w_low
-  # log of the (A - 1)/(alpha - 1) integrand's lower bound at the probes (absolute scale).
-  z = jnp.stack([z_right, z_left, jnp.zeros_like(q), jnp.full_like(q, 2.0)], axis=-1)
-  ex = lambda v: v[..., None]
-  u = (2 * z - 1) / (2 * ex(s2))
-  ell_minus_u = ex(log_q) + _softplus(ex(log1m_q - log_q) - u)         # log(1+x) - u
-  ell = u + ell_minus_u
-  log_abs_x = ex(log_q) + jnp.maximum(u, 0) + jnp.log(-jnp.expm1(-jnp.maximum(jnp.abs(u), 1e-30)))
-  a = ex(alpha)
-  small = jnp.log(a / 2) + 2 * log_abs_x + jnp.minimum(0.0, (a - 2) * ell)
-  r = jnp.exp(jnp.minimum(jnp.log1p(a * jnp.exp(log_abs_x)) - a * ell, 0.0))
-  large = jnp.where(u > 0, a * ell + jnp.log1p(-jnp.minimum(r, 1 - 1e-7)) - jnp.log(a - 1), -jnp.inf)
-  log_norm = -log_sigma - 0.5 * math.log(2 * math.pi)
-  ref = jnp.max(jnp.maximum(small, large) - z * z / (2 * ex(s2)), axis=-1) + log_norm
-  depth = 14.0 - math.log(float(jnp.finfo(dtype).eps))
-
-  def log_f(z):   # log of the A-integrand, phi(z) (1 - q + q L)^alpha, a bound of the above
-    ell_minus_u = log_q + _softplus(log1m_q - log_q - (2 * z - 1) / (2 * s2))
-    return (alpha * (alpha - 1) - (z - alpha) ** 2) / (2 * s2) + alpha * ell_minus_u + log_norm
-  z_top = jnp.maximum(2.0, z_right)
-  far = jnp.maximum(z_top, alpha) + 20 * sigma
-  tail_end = _bisect(lambda z: ref - depth - log_f(z), z_top, far, _WINDOW_STEPS)
-  hi = jnp.maximum(hi_a, jnp.maximum(z_right + _HALF_WIDTH * w_right, tail_end))
-  return lo, hi
 
 
 def _assess(log_t, log_t_coarse, log_t_coarser, edge, shift, h, sigma, alpha):
@@ -985,13 +944,14 @@ def _grid_nodes(z, sigma, log_q, log1m_q, q):
   log_q1m = jnp.where(is_zero, -jnp.inf, log_q + jnp.log(-jnp.expm1(-jnp.abs(u))))
   log_abs_x = log_q1m + jnp.maximum(u, 0)
   ell_minus_u_big = log_q + _softplus(log1m_q - log_q - u)
-  ell_moderate = jnp.log1p(q * jnp.expm1(jnp.minimum(u, 1.0)))
   big = u > 1
+  # where, not minimum: a node exactly at u = 1 keeps its whole derivative (see _integrand).
+  ell_moderate = jnp.log1p(q * jnp.expm1(jnp.where(big, 1.0, u)))
   ell = jnp.where(big, u + ell_minus_u_big, ell_moderate)
   abs_ell = jnp.abs(ell)
   abs_ell = jnp.where(abs_ell > 0, abs_ell, jnp.finfo(dtype).tiny)
   log_abs_ell = jnp.log(abs_ell)
-  x = jnp.exp(jnp.minimum(log_abs_x, math.log(_SERIES_RADIUS)))
+  x = jnp.exp(jnp.where(log_abs_x <= math.log(_SERIES_RADIUS), log_abs_x, math.log(_SERIES_RADIUS)))
   # x < 0: N/P up to the factor exprel, (1 - |x|) |ell| / |x| = e^ell |ell| / |x| (<= 1).
   ratio_neg = jnp.exp(jnp.minimum(ell, 0.0) + log_abs_ell - log_abs_x)
   return dict(z=z, positive=positive, log_q1m=log_q1m, log_abs_x=log_abs_x, ell=ell,
@@ -1028,7 +988,7 @@ def _grid_terms(nodes, sigma, alpha, m_ref, exponent_only=False, constants=None)
   ell, ell_minus_u, log_abs_ell = nodes["ell"], nodes["ell_minus_u"], nodes["log_abs_ell"]
   # Exponents. Series: g = (alpha/2) x^2 sum_j c_j x^j with m = 2 (x > 0) or 0.
   m_series = jnp.where(positive, 2.0, 0.0).astype(dtype)
-  e_series = (log_alpha_half + 2 * jnp.minimum(nodes["log_q1m"], log_x_small)
+  e_series = (log_alpha_half + 2 * jnp.where(small, nodes["log_q1m"], log_x_small)
               - (z - m_series) ** 2 / (2 * s2) + relative(m_series))
   size_alpha = jnp.maximum(jnp.maximum(alpha * alpha, (z - alpha) ** 2) / (2 * s2),
                            jnp.abs(alpha * ell_minus_u))
@@ -1044,7 +1004,7 @@ def _grid_terms(nodes, sigma, alpha, m_ref, exponent_only=False, constants=None)
   coefficients = [jnp.ones_like(alpha)]
   for j in range(_SERIES_TERMS):
     coefficients.append(coefficients[-1] * ((alpha - (2 + j)) / (j + 3)))
-  x = jnp.clip(nodes["x"], -x_small, x_small)
+  x = jnp.where(small, nodes["x"], 0.0)   # |x| <= x_small there (where: see _integrand)
   series = coefficients[-1]
   for c in coefficients[-2::-1]:
     series = c + x * series
@@ -1058,16 +1018,26 @@ def _grid_terms(nodes, sigma, alpha, m_ref, exponent_only=False, constants=None)
   return e, jnp.maximum(mult, 0.0)
 
 
-def _shared_span(q, sigma, alphas, logs=None):
-  """(lo, h): the shared grid of each row, [lo, lo + _SHARED_INTERVALS h], the union of the
-  per-order windows (:func:`_shared_window`) of the row's smallest and largest order.
-  ``logs``: (log q, log(1 - q), log sigma) per row where already computed."""
-  r = alphas.shape[0]
-  ends = jnp.stack([alphas[:, 0], alphas[:, -1]], axis=-1).reshape(-1)
-  twice = lambda v: jnp.repeat(v, 2)
-  lo, hi = _shared_window(twice(q), twice(sigma), ends,
-                          None if logs is None else tuple(twice(v) for v in logs))
-  lo, hi = jnp.min(lo.reshape(r, 2), axis=1), jnp.max(hi.reshape(r, 2), axis=1)
+def _shared_span(q, sigma, alphas):
+  r"""(lo, h): the shared grid of each row, [lo, lo + _SHARED_INTERVALS h] with
+  lo = -_HALF_WIDTH sigma and hi = max(2, alpha_max) + (_HALF_WIDTH + 1) sigma, in closed form.
+
+  Why it holds every order's integrand :math:`\varphi_\sigma(z) g_\alpha(x(z))`: its bumps lie
+  in [0, max(2, alpha)] (near 0 and 2 where :math:`g \approx \tfrac{\alpha}{2}x^2`, and the right mode
+  of :math:`z = \alpha p(z)`, :math:`p \le 1`), and outside they decay at least as fast as a
+  Gaussian of standard deviation sigma: for :math:`z \le 0`, :math:`x \in (-q, 0)` and
+  :math:`g(x) \le g(-q)` grows at most as z falls, so the integrand is at most
+  :math:`\varphi_\sigma(z) g(-q)`; for :math:`z \ge \alpha`, the log-derivative of
+  :math:`\varphi_\sigma(z)(1 - q + qL)^\alpha` is :math:`(\alpha p(z) - z)/\sigma^2 \le
+  (\alpha - z)/\sigma^2`. Eleven standard deviations are a factor :math:`e^{-60}`. The window
+  only places the nodes: every result is still certified, including the integrand's decay
+  at both edges (:func:`_assess`), so a window too short for some (q, sigma) leaves that value
+  open (for the per-order kernel), never smaller. No orders' modes are searched: on
+  dp_accounting's grid for q in [1e-12, 1), sigma in [0.05, 2000] it certifies as many values
+  as a window around the bisected modes did, in the same number of levels."""
+  del q
+  lo = -_HALF_WIDTH * sigma
+  hi = jnp.maximum(alphas[:, -1], 2.0) + (_HALF_WIDTH + 1) * sigma
   return lo, (hi - lo) / _SHARED_INTERVALS
 
 
@@ -1182,8 +1152,8 @@ def _log_j_levels(q, sigma, alphas):
   dtype = q.dtype
   sg = lax.stop_gradient
   q, sigma, alphas = sg(q), sg(sigma), sg(alphas)
-  logs = (jnp.log(q), jnp.log1p(-q), jnp.log(sigma))   # once per row, for the span too
-  lo, h = _shared_span(q, sigma, alphas, logs)
+  logs = (jnp.log(q), jnp.log1p(-q), jnp.log(sigma))   # once per row
+  lo, h = _shared_span(q, sigma, alphas)
   cap = min(r, _LEVEL_ROWS)
   weights = jnp.asarray(_level_weights(), dtype)
   j = jnp.arange(_LEVEL_NODES, dtype=dtype)
@@ -1206,12 +1176,17 @@ def _log_j_levels(q, sigma, alphas):
                            jnp.ones((r, g), dtype), zeros, zeros, zeros], axis=-1)
   cell = lambda m, k: m[:, n_counters + k * g:n_counters + (k + 1) * g]   # k-th per-order block
 
+  compact = r > cap   # otherwise every row is in every step (no gather, no scatter)
+
   def body(carry):
     state, pending = carry
-    order = jnp.argsort(~pending, stable=True)[:cap]   # pending rows first (a stable sort
-    idx = jnp.where(pending[order], order, r)          # compiles faster than jnp.nonzero)
-    take = jnp.minimum(idx, r - 1)
-    fx, st = fixed[take], state[take]
+    if compact:
+      order = jnp.argsort(~pending, stable=True)[:cap]   # pending rows first (a stable sort
+      idx = jnp.where(pending[order], order, r)          # compiles faster than jnp.nonzero)
+      take = jnp.minimum(idx, r - 1)
+      fx, st = fixed[take], state[take]
+    else:   # the barrier keeps XLA from hoisting each per-order constant out of the loop
+      fx, st = lax.optimization_barrier((fixed, state))   # as a kernel of its own
     q_, s_, lo_, log_q_, log1m_q_, log_s_ = (fx[:, i] for i in range(n_fixed))
     alphas_, *constants = (fx[:, n_fixed + k * g:n_fixed + (k + 1) * g] for k in range(4))
     constants = [v[..., None] for v in constants]
@@ -1271,6 +1246,8 @@ def _log_j_levels(q, sigma, alphas):
                               jnp.stack([failed_now.astype(dtype), m_ref_, ref_, edge], axis=1)],
                              axis=1)
     out = jnp.concatenate([counters, blocks.reshape(cap, 9 * g)], axis=-1)
+    if not compact:   # rows done before this step keep their state
+      return jnp.where(pending[:, None], out, state), pending & ~done
     keep = jnp.where(idx < r, idx, r)   # out-of-range writes are dropped
     return state.at[keep].set(out, mode="drop"), pending.at[keep].set(~done, mode="drop")
 
@@ -1301,11 +1278,13 @@ def _shared_values(q, sigma, alphas, groups, tangents=None):
     rows = max(1, _SHARED_ELEMENTS // (width * (_SHARED_INTERVALS + 1)))
     shared = _in_row_blocks(lambda xs: _log_j_shared(*xs[:3], xs[3:]), rows,
                             *as_rows(q, sigma, alphas), *as_rows(*tangents))
-  positions = np.concatenate([np.asarray(g) for g in groups])
-  group_of = np.concatenate([np.full(len(g), k) for k, g in enumerate(groups)])
-  slot_of = np.concatenate([np.arange(len(g)) for g in groups])
-  place = lambda v, fill: jnp.full((n, m), fill, q.dtype).at[:, positions].set(
-      v.reshape(n, n_groups, width)[:, group_of, slot_of], unique_indices=True)
+  # Each order's column among the rows' (pair, group, slot) values, or the fill column after
+  # them: one gather with static indices (a scatter is a sequential loop on CPUs).
+  source = np.full(m, n_groups * width)
+  for k, g in enumerate(groups):
+    source[np.asarray(g)] = k * width + np.arange(len(g))
+  place = lambda v, fill: jnp.concatenate(
+      [v.reshape(n, n_groups * width), jnp.full((n, 1), fill, q.dtype)], axis=1)[:, source]
   log_j = place(shared[0], jnp.inf)
   return log_j if tangents is None else (log_j, place(shared[1], 0.0))
 
