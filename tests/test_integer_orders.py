@@ -275,3 +275,20 @@ def test_shared_node_tangents_match_mpmath_at_fractional_orders(log_a_reference)
     err = np.abs(got[certified] - want[certified]) / np.abs(want[certified])
     assert err.max() <= GRAD_RTOL, err.max()
   assert np.all(dq[pending] == 0) and np.all(np.isinf(value[pending]))
+
+
+def test_a_node_on_a_branch_edge_keeps_its_whole_derivative():
+  # A node exactly at u = (2z - 1)/(2 sigma^2) = 1, where the integrand's log(1 + x) switches
+  # formulas: d ell/dz must be the true q e^u/(1 - q + q e^u)/sigma^2 there. A clamp written
+  # with minimum() gives half of it at the tie (the shared nodes' d log A/d sigma was 14 % low
+  # at q = 0.999, sigma = 1 when the grid put a node on it).
+  q, sigma = 0.999, 1.0
+  z = jnp.asarray([1.5, 1.5 - 1e-3, 1.5 + 1e-3])   # u = 1 exactly, and either side
+  ell = lambda z_: sampled_gaussian._grid_nodes(
+      z_, jnp.float64(sigma), jnp.log(q), jnp.log1p(-q), jnp.float64(q))["ell"]
+  with jax.enable_x64(True):
+    z = z.astype(jnp.float64)
+    _, d_ell = jax.jvp(ell, (z,), (jnp.ones_like(z),))
+    u = (2 * np.asarray(z) - 1) / (2 * sigma ** 2)
+    want = q * np.exp(u) / (1 - q + q * np.exp(u)) / sigma ** 2
+    np.testing.assert_allclose(np.asarray(d_ell), want, rtol=1e-12)
