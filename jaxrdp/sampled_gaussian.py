@@ -80,6 +80,23 @@ _HALF_WIDTH = 11.0        # window half-width in local standard deviations (e^{-
 _LOG_HALF = math.log(0.5)
 
 
+def _where(condition, x, y):
+  """``jnp.where(condition, x, y)`` for a boolean condition, as one ``lax.select``: the same
+  broadcasting and dtype promotion, without jnp.where's nested ``jax.jit``, whose tracing (once
+  per new combination of shapes) is a measurable part of a fresh process's first call."""
+  dtype = jnp.result_type(x, y)
+  shape = np.broadcast_shapes(np.shape(condition), np.shape(x), np.shape(y))
+
+  def full(v, dt):
+    if isinstance(v, (bool, int, float)):
+      return lax.full(shape, v, dt)
+    v = lax.convert_element_type(v, dt) if v.dtype != dt else v
+    if v.shape == shape:
+      return v
+    return lax.broadcast_in_dim(v, shape, tuple(range(len(shape) - v.ndim, len(shape))))
+  return lax.select(full(condition, np.bool_), full(x, dtype), full(y, dtype))
+
+
 def _pow2(k):
   """2**k for a float array of small integers k, exactly (XLA's float64 exp2 is not: on CPU
   exp2(3.) = 8 - 2e-15, which would break the block counters of the refinement loops)."""
@@ -89,8 +106,8 @@ def _pow2(k):
 def _log_exprel_nonpositive(t):
   """log((e^t - 1)/t) for t <= 0: the ratio lies in (0, 1], so nothing overflows."""
   nonzero = t != 0
-  t_safe = jnp.where(nonzero, t, -1.0)
-  return jnp.where(nonzero, jnp.log(jnp.expm1(t_safe) / t_safe), 0.0)
+  t_safe = _where(nonzero, t, -1.0)
+  return _where(nonzero, jnp.log(jnp.expm1(t_safe) / t_safe), 0.0)
 
 
 def _exp_floor(dtype):
@@ -142,7 +159,7 @@ def _integrand(center, offset, sigma, log_q, log1m_q, q, alpha):
   beta = alpha - 1
   x_small = jnp.minimum(jnp.asarray(_SERIES_RADIUS, dtype), 0.5 / alpha)
   is_zero = u == 0
-  u = jnp.where(is_zero, jnp.ones_like(u), u)  # x = 0 is patched to -inf at the end
+  u = _where(is_zero, jnp.ones_like(u), u)  # x = 0 is patched to -inf at the end
   positive = u > 0
   # log|x| = log q + max(u, 0) + log(1 - e^{-|u|}): no overflow for large u.
   log1m_exp = jnp.log(-jnp.expm1(-jnp.abs(u)))
@@ -154,8 +171,8 @@ def _integrand(center, offset, sigma, log_q, log1m_q, q, alpha):
   # Clamps by where, not minimum/clip: at a tie those halve the derivative (a node can land
   # exactly on a branch's edge), where the one-sided derivative is the true one.
   log_x_small = jnp.log(x_small)
-  x_ser = jnp.exp(jnp.maximum(jnp.where(small, log_abs_x, log_x_small), log_x_small - 60))
-  x_ser = jnp.where(positive, x_ser, -x_ser)
+  x_ser = jnp.exp(jnp.maximum(_where(small, log_abs_x, log_x_small), log_x_small - 60))
+  x_ser = _where(positive, x_ser, -x_ser)
   # One running product c_j x^j: |c_{j+1} x / c_j| <= 1/2, so it neither overflows nor
   # loses the coefficient to an underflowing power in float32.
   term = jnp.ones_like(x_ser)
@@ -164,19 +181,19 @@ def _integrand(center, offset, sigma, log_q, log1m_q, q, alpha):
     term = term * ((alpha - (2 + j)) * (x_ser * (1.0 / (j + 3))))
     total = total + term
   # 2 log|x| - m u (m = 2 for u > 0, m = 0 for u < 0) = 2 (log q + log(1 - e^{-|u|})).
-  rest_series = (jnp.log(alpha / 2) + 2 * jnp.where(small, log_q + log1m_exp, log_x_small)
+  rest_series = (jnp.log(alpha / 2) + 2 * _where(small, log_q + log1m_exp, log_x_small)
                  + jnp.log(total))
 
   # Direct branch. ell = log(1+x); for u > 1 through ell - u = log q + softplus(logit(1-q) - u).
   ell_minus_u_big = log_q + _softplus(log1m_q - log_q - u)
   big = u > 1
-  ell_moderate = jnp.log1p(q * jnp.expm1(jnp.where(big, 1.0, u)))
+  ell_moderate = jnp.log1p(q * jnp.expm1(_where(big, 1.0, u)))
   # Where the series is used, ell = 1 stands in (double-where): log|ell| and its derivative
   # 1/ell stay finite even when x underflows (tiny q), so no 0 * inf reaches the gradient.
-  ell = jnp.where(small, 1.0, jnp.where(big, u + ell_minus_u_big, ell_moderate))
-  ell_minus_u = jnp.where(small, 0.0, jnp.where(big, ell_minus_u_big, ell_moderate - u))
+  ell = _where(small, 1.0, _where(big, u + ell_minus_u_big, ell_moderate))
+  ell_minus_u = _where(small, 0.0, _where(big, ell_minus_u_big, ell_moderate - u))
   abs_ell = jnp.abs(ell)
-  abs_ell = jnp.where(abs_ell > 0, abs_ell, jnp.finfo(dtype).tiny)
+  abs_ell = _where(abs_ell > 0, abs_ell, jnp.finfo(dtype).tiny)
   # P and N share the factor |ell| exprel(-beta |ell|):
   #   x > 0: log P - alpha u = alpha (ell - u) + log|ell| + log exprel(-beta ell),  N = x;
   #   x < 0: P = -x,  log N = ell + log|ell| + log exprel(beta ell).
@@ -190,18 +207,18 @@ def _integrand(center, offset, sigma, log_q, log1m_q, q, alpha):
   size_alpha = jnp.maximum(jnp.maximum(alpha * alpha, (z - alpha) ** 2) / (2 * s2), jnp.abs(alpha * ell_minus_u))
   size_zero = jnp.maximum(z * z / (2 * s2), jnp.abs(alpha * ell))
   use_alpha = size_alpha < size_zero
-  m = jnp.where(positive, jnp.where(small, 2.0, jnp.where(use_alpha, alpha, 0.0)), 0.0).astype(dtype)
-  log_p_shifted = jnp.where(positive, jnp.where(use_alpha, p_alpha, p_zero), log_abs_x)
-  log_p = jnp.where(positive, p_zero, log_abs_x)
-  log_n = jnp.where(positive, log_abs_x, ell + shared)
+  m = _where(positive, _where(small, 2.0, _where(use_alpha, alpha, 0.0)), 0.0).astype(dtype)
+  log_p_shifted = _where(positive, _where(use_alpha, p_alpha, p_zero), log_abs_x)
+  log_p = _where(positive, p_zero, log_abs_x)
+  log_n = _where(positive, log_abs_x, ell + shared)
   # In the series region N/P -> 1; the cap keeps the unused branch finite (NaN-free gradients).
   ratio = jnp.exp(jnp.clip(log_n - log_p, _exp_floor(dtype), math.log(_RATIO_CAP)))
   rest_direct = log_p_shifted + jnp.log1p(-ratio)
 
-  rest = jnp.where(small, rest_series, rest_direct)
+  rest = _where(small, rest_series, rest_direct)
   z_minus_m = (center - m) + offset
   local = rest - z_minus_m ** 2 / (2 * s2) - jnp.log(sigma) - 0.5 * math.log(2 * math.pi)
-  return m, jnp.where(is_zero, jnp.full_like(local, -jnp.inf), local)
+  return m, _where(is_zero, jnp.full_like(local, -jnp.inf), local)
 
 
 def _relative_to(m, local, m_ref, sigma):
@@ -216,7 +233,7 @@ def _bisect(fn, lo, hi, steps):
     lo, hi = bracket
     mid = 0.5 * (lo + hi)
     neg = fn(mid) <= 0
-    return jnp.where(neg, mid, lo), jnp.where(neg, hi, mid)
+    return _where(neg, mid, lo), _where(neg, hi, mid)
   lo, hi = lax.fori_loop(0, steps, body, (lo, hi))
   return 0.5 * (lo + hi)
 
@@ -238,22 +255,22 @@ def _modes(q_logit, sigma, alpha, steps=_BISECTION_STEPS):
   h = lambda z: z - ex(alpha) * p_of(z)
   c = s2 / alpha
   has_turns = c < 0.25
-  c_safe = jnp.where(has_turns, c, 0.125)
+  c_safe = _where(has_turns, c, 0.125)
   sq = jnp.sqrt(1 - 4 * c_safe)
   w_c = jnp.log((1 + sq) / 2) - jnp.log(2 * c_safe / (1 + sq))  # logit of the larger turn
-  z_c1 = jnp.where(has_turns, z_center - s2 * w_c, z_center)
-  z_c2 = jnp.where(has_turns, z_center + s2 * w_c, z_center)
+  z_c1 = _where(has_turns, z_center - s2 * w_c, z_center)
+  z_c2 = _where(has_turns, z_center + s2 * w_c, z_center)
   lo_all = jnp.minimum(0.0, z_c1) - 1.0
   hi_all = jnp.maximum(alpha, z_c2) + 1.0
   h_turns = h(jnp.stack([z_c2, z_c1], axis=-1))
   # Largest root: unique on [z_c2, hi] if h(z_c2) < 0, else unique on [lo, z_c1].
   right_in_upper = ~has_turns | (h_turns[..., 0] < 0)
-  r_lo = jnp.where(right_in_upper, jnp.where(has_turns, z_c2, lo_all), lo_all)
-  r_hi = jnp.where(right_in_upper, hi_all, z_c1)
+  r_lo = _where(right_in_upper, _where(has_turns, z_c2, lo_all), lo_all)
+  r_hi = _where(right_in_upper, hi_all, z_c1)
   # Smallest root: unique on [lo, z_c1] if h(z_c1) > 0, else unique on [z_c2, hi].
   left_in_lower = ~has_turns | (h_turns[..., 1] > 0)
-  l_lo = jnp.where(left_in_lower, lo_all, z_c2)
-  l_hi = jnp.where(left_in_lower, jnp.where(has_turns, z_c1, hi_all), hi_all)
+  l_lo = _where(left_in_lower, lo_all, z_c2)
+  l_hi = _where(left_in_lower, _where(has_turns, z_c1, hi_all), hi_all)
   roots = _bisect(h, jnp.stack([r_lo, l_lo], axis=-1), jnp.stack([r_hi, l_hi], axis=-1),
                   steps)
   p = p_of(roots)
@@ -266,10 +283,10 @@ def _modes(q_logit, sigma, alpha, steps=_BISECTION_STEPS):
 def _logsumexp(x, axis=-1):
   """log sum exp over ``axis``; -inf when every entry is -inf (lean version for CPU speed)."""
   top = jnp.max(x, axis=axis, keepdims=True)
-  top = lax.stop_gradient(jnp.where(jnp.isfinite(top), top, 0.0))
+  top = lax.stop_gradient(_where(jnp.isfinite(top), top, 0.0))
   # Terms below e^-(~700) of the largest are dropped rather than summed as subnormals.
   terms = jnp.exp(jnp.maximum(x - top, _exp_floor(x.dtype)))
-  terms = jnp.where(x - top >= _exp_floor(x.dtype), terms, 0.0)
+  terms = _where(x - top >= _exp_floor(x.dtype), terms, 0.0)
   return jnp.log(jnp.sum(terms, axis=axis)) + jnp.squeeze(top, axis)
 
 
@@ -279,9 +296,9 @@ def _sum_with_mean(v, dv, axis):
   log_sum = _logsumexp(v, axis=axis)
   if dv is None:
     return log_sum, None
-  weight = jnp.exp(v - jnp.expand_dims(jnp.where(jnp.isfinite(log_sum), log_sum, 0.0), axis))
-  weight = jnp.where(jnp.isfinite(v), weight, 0.0)
-  dv = jnp.where(jnp.isfinite(v)[..., None], dv, 0.0)
+  weight = jnp.exp(v - jnp.expand_dims(_where(jnp.isfinite(log_sum), log_sum, 0.0), axis))
+  weight = _where(jnp.isfinite(v), weight, 0.0)
+  dv = _where(jnp.isfinite(v)[..., None], dv, 0.0)
   return log_sum, jnp.sum(weight[..., None] * dv, axis=axis - 1 if axis < 0 else axis)
 
 
@@ -290,9 +307,9 @@ def _add_with_mean(l1, d1, l2, d2):
   total = jnp.logaddexp(l1, l2)
   if d1 is None:
     return total, None
-  safe = jnp.where(jnp.isfinite(total), total, 0.0)
-  w1 = jnp.where(jnp.isfinite(l1), jnp.exp(l1 - safe), 0.0)[..., None]
-  w2 = jnp.where(jnp.isfinite(l2), jnp.exp(l2 - safe), 0.0)[..., None]
+  safe = _where(jnp.isfinite(total), total, 0.0)
+  w1 = _where(jnp.isfinite(l1), jnp.exp(l1 - safe), 0.0)[..., None]
+  w2 = _where(jnp.isfinite(l2), jnp.exp(l2 - safe), 0.0)[..., None]
   return total, w1 * d1 + w2 * d2
 
 
@@ -315,9 +332,9 @@ def _placement(q, sigma, alpha):
   s2 = sigma * sigma
   z_left, w_left, z_right, w_right = _modes(q_logit, sigma, alpha)
   distinct = z_right - z_left > _HALF_WIDTH * (w_left + w_right)
-  w_low = jnp.where(z_left <= 2.0 + _HALF_WIDTH * w_left, w_left, sigma)
-  lo_a = jnp.minimum(0.0, jnp.where(distinct, z_left, 0.0)) - _HALF_WIDTH * w_low
-  hi_a = jnp.maximum(2.0, jnp.where(distinct, z_left, 2.0)) + _HALF_WIDTH * w_low
+  w_low = _where(z_left <= 2.0 + _HALF_WIDTH * w_left, w_left, sigma)
+  lo_a = jnp.minimum(0.0, _where(distinct, z_left, 0.0)) - _HALF_WIDTH * w_low
+  hi_a = jnp.maximum(2.0, _where(distinct, z_left, 2.0)) + _HALF_WIDTH * w_low
   lo_b = z_right - _HALF_WIDTH * w_right
   hi_b = z_right + _HALF_WIDTH * w_right
 
@@ -336,7 +353,7 @@ def _placement(q, sigma, alpha):
   low = jnp.max(plain[..., 1:4], axis=-1)
   # Reference power: the integrand is summed relative to m_ref (m_ref - 1)/(2 s^2), the large
   # constant of its dominant bump, so that float32 keeps the bump's shape (see _integrand).
-  m_ref = jnp.where(plain[..., 0] > low, alpha, 2.0)
+  m_ref = _where(plain[..., 0] > low, alpha, 2.0)
   values = at(m_ref)
   ref = jnp.max(values[..., :4], axis=-1)
   gap_top = jnp.max(values[..., 4:], axis=-1)
@@ -352,14 +369,14 @@ def _placement(q, sigma, alpha):
   far = jnp.maximum(z_top, alpha) + 20 * sigma
   tail_end = _bisect(lambda z: ref - depth - (log_f(z) + log_norm), z_top, far, _TAIL_STEPS)
   hi_b = jnp.maximum(hi_b, tail_end)
-  hi_a_alone = jnp.where(distinct, hi_a, jnp.maximum(hi_a, tail_end))
+  hi_a_alone = _where(distinct, hi_a, jnp.maximum(hi_a, tail_end))
   # Two windows only when the integrand is negligible between them; otherwise one merged
   # grid, which the certification then refines or rejects (+inf).
   merged = (lo_b <= hi_a) | ~(gap_top < ref - depth)
   hi_all = jnp.maximum(hi_a_alone, hi_b)
   mid = 0.5 * (lo_a + hi_all)
-  a0, a1 = lo_a, jnp.where(merged, mid, hi_a)
-  b0, b1 = jnp.where(merged, mid, lo_b), jnp.where(merged, hi_all, hi_b)
+  a0, a1 = lo_a, _where(merged, mid, hi_a)
+  b0, b1 = _where(merged, mid, lo_b), _where(merged, hi_all, hi_b)
   return (a0, a1, b0, b1, merged, m_ref)
 
 
@@ -395,10 +412,10 @@ def _assess(log_t, log_t_coarse, log_t_coarser, edge, shift, h, sigma, alpha):
   log_rho = log_rate(h)
   rho = jnp.exp(log_rho)
   beta = sg(alpha) - 1
-  log_beta_j = jnp.log(jnp.where(beta > 0, beta, 1.0)) + log_j
+  log_beta_j = jnp.log(_where(beta > 0, beta, 1.0)) + log_j
   tiny_j = log_beta_j < -20
-  lbj_safe = jnp.where(tiny_j, 0.0, log_beta_j)
-  sensitivity = jnp.where(tiny_j | (beta <= 0), 1.0, jax.nn.sigmoid(lbj_safe) / _softplus(lbj_safe))
+  lbj_safe = _where(tiny_j, 0.0, log_beta_j)
+  sensitivity = _where(tiny_j | (beta <= 0), 1.0, jax.nn.sigmoid(lbj_safe) / _softplus(lbj_safe))
   gap = jnp.abs(log_t - log_t_coarse) * rho
   gap_before = jnp.abs(log_t_coarse - log_t_coarser) * jnp.exp(log_rho + log_rate(2 * h))
   # NaN (an -inf - -inf gap) counts as a failure below.
@@ -444,13 +461,13 @@ def _first_level(place, q, sigma, alpha, with_grad):
   v, dv = _node_values(place, q, sigma, alpha, fraction, with_grad)
   log_h = jnp.log(jnp.stack([a1 - a0, b1 - b0], axis=-1) / _BLOCK)
   idx = jnp.arange(_BLOCK + 1)
-  end_weight = jnp.where((idx == 0) | (idx == _BLOCK), _LOG_HALF, 0.0).astype(dtype)
+  end_weight = _where((idx == 0) | (idx == _BLOCK), _LOG_HALF, 0.0).astype(dtype)
   log_t, d_t = _sum_with_mean(v + end_weight, dv, axis=-1)
   log_t = log_t + log_h
   coarse = _logsumexp(v[..., ::2] + end_weight[::2], axis=-1) + log_h + math.log(2)
   coarser = _logsumexp(v[..., ::4] + end_weight[::4], axis=-1) + log_h + math.log(4)
   first, last = v[..., 0] + log_h, v[..., -1] + log_h
-  inner = jnp.where(merged, -jnp.inf, jnp.maximum(last[:, 0], first[:, 1]))  # shared midpoint is interior
+  inner = _where(merged, -jnp.inf, jnp.maximum(last[:, 0], first[:, 1]))  # shared midpoint is interior
   edge = jnp.maximum(jnp.maximum(first[:, 0], last[:, 1]), inner)
   total = jnp.logaddexp(log_t[:, 0], log_t[:, 1])
   shift = _reference_constant(m_ref, sigma)
@@ -519,14 +536,14 @@ def _refine(place, q, sigma, alpha, log_t, d_t, edge, failed, total_coarse, with
     done = last_block & (~still | (level == _LEVELS - 1))
     col = last_block[:, None]
     out = [rows[:, :9],
-           jnp.stack([jnp.where(last_block, level + 1, level), jnp.where(last_block, 0.0, block + 1),
-                      jnp.where(last_block, still.astype(dtype), failed_),
-                      jnp.where(last_block, total_old, older)], axis=-1),
-           jnp.where(col, new, old), jnp.where(col, -jnp.inf, acc)]
+           jnp.stack([_where(last_block, level + 1, level), _where(last_block, 0.0, block + 1),
+                      _where(last_block, still.astype(dtype), failed_),
+                      _where(last_block, total_old, older)], axis=-1),
+           _where(col, new, old), _where(col, -jnp.inf, acc)]
     if n_grad:
-      out += [jnp.where(col, d_new.reshape(-1, 6), d_old.reshape(-1, 6)),
-              jnp.where(col, 0.0, d_acc.reshape(-1, 6))]
-    write = jnp.where(valid, idx, size)  # out-of-range writes are dropped
+      out += [_where(col, d_new.reshape(-1, 6), d_old.reshape(-1, 6)),
+              _where(col, 0.0, d_acc.reshape(-1, 6))]
+    write = _where(valid, idx, size)  # out-of-range writes are dropped
     packed = packed.at[write].set(jnp.concatenate(out, axis=-1), mode="drop")
     return packed, pending.at[write].set(~done, mode="drop")
 
@@ -552,12 +569,12 @@ def _log_j_flat(q, sigma, alpha, with_grad):
   shift = _reference_constant(m_ref, sigma)
   total, d_total = _add_with_mean(log_t[:, 0], None if d_t is None else d_t[:, 0],
                                   log_t[:, 1], None if d_t is None else d_t[:, 1])
-  log_j = jnp.where(failed, jnp.inf, total + shift)
+  log_j = _where(failed, jnp.inf, total + shift)
   if not with_grad:
     return log_j
   # The reference constant m_ref (m_ref - 1)/(2 sigma^2) is added back: its sigma-derivative.
   d_shift = jnp.stack([jnp.zeros_like(shift), -2 * shift / sigma, jnp.zeros_like(shift)], axis=-1)
-  grads = jnp.where(failed[:, None], 0.0, d_total + d_shift)
+  grads = _where(failed[:, None], 0.0, d_total + d_shift)
   return log_j, grads
 
 
@@ -703,8 +720,8 @@ def _generic(q, sigma, alpha):
   """Where the kernel is needed (0 < q < 1, sigma > 0, 1 <= alpha < inf), and the parameters
   with safe stand-ins elsewhere (double-where: NaN-free gradients)."""
   generic = (q > 0) & (q < 1) & (sigma > 0) & jnp.isfinite(alpha) & (alpha >= 1)
-  return (generic, jnp.where(generic, q, 0.5), jnp.where(generic, sigma, 1.0),
-          jnp.where(generic, alpha, 2.0))
+  return (generic, _where(generic, q, 0.5), _where(generic, sigma, 1.0),
+          _where(generic, alpha, 2.0))
 
 
 def _terms(q, sigma, alpha, log_j=None):
@@ -715,28 +732,28 @@ def _terms(q, sigma, alpha, log_j=None):
     log_j = _log_j(q_g, s_g, a_g)
   failed = ~jnp.isfinite(log_j)
   beta = a_g - 1
-  beta_safe = jnp.where(beta > 0, beta, 1.0)
-  log_j_safe = jnp.where(failed, 0.0, log_j)
-  log_a_gen = jnp.where(beta > 0, _softplus(jnp.log(beta_safe) + log_j_safe), 0.0)
-  rdp_gen = jnp.where(beta > 0, log_a_gen / beta_safe, jnp.exp(jnp.where(beta > 0, 0.0, log_j_safe)))
+  beta_safe = _where(beta > 0, beta, 1.0)
+  log_j_safe = _where(failed, 0.0, log_j)
+  log_a_gen = _where(beta > 0, _softplus(jnp.log(beta_safe) + log_j_safe), 0.0)
+  rdp_gen = _where(beta > 0, log_a_gen / beta_safe, jnp.exp(_where(beta > 0, 0.0, log_j_safe)))
   inf = jnp.full_like(q, jnp.inf)
-  log_a_gen = jnp.where(failed, inf, log_a_gen)
-  rdp_gen = jnp.where(failed, inf, rdp_gen)
+  log_a_gen = _where(failed, inf, log_a_gen)
+  rdp_gen = _where(failed, inf, rdp_gen)
 
-  s_pos = jnp.where(sigma > 0, sigma, 1.0)
-  a_fin = jnp.where(jnp.isfinite(alpha), alpha, 2.0)
+  s_pos = _where(sigma > 0, sigma, 1.0)
+  a_fin = _where(jnp.isfinite(alpha), alpha, 2.0)
   log_a_q1 = a_fin * (a_fin - 1) / (2 * s_pos * s_pos)
   rdp_q1 = a_fin / (2 * s_pos * s_pos)
 
   zero = jnp.zeros_like(q)
   blows_up = (sigma == 0) | ~jnp.isfinite(alpha)
-  log_a_out = jnp.where(q == 0, zero, jnp.where(blows_up, inf, jnp.where(q == 1, log_a_q1, log_a_gen)))
-  rdp_out = jnp.where(q == 0, zero, jnp.where(blows_up, inf, jnp.where(q == 1, rdp_q1, rdp_gen)))
+  log_a_out = _where(q == 0, zero, _where(blows_up, inf, _where(q == 1, log_a_q1, log_a_gen)))
+  rdp_out = _where(q == 0, zero, _where(blows_up, inf, _where(q == 1, rdp_q1, rdp_gen)))
   # A_1 = 1 exactly: log A vanishes at alpha = 1 whatever q and sigma.
-  log_a_out = jnp.where(alpha == 1, zero, log_a_out)
+  log_a_out = _where(alpha == 1, zero, log_a_out)
   # Under jit the eager range checks do not run: out-of-range inputs give NaN, never a number.
   invalid = ~((q >= 0) & (q <= 1) & (sigma >= 0) & (alpha >= 1))
-  return jnp.where(invalid, jnp.nan, log_a_out), jnp.where(invalid, jnp.nan, rdp_out)
+  return _where(invalid, jnp.nan, log_a_out), _where(invalid, jnp.nan, rdp_out)
 
 
 # --- a concrete grid of orders: exact sums at integer orders, shared nodes at fractional ones ---
@@ -819,8 +836,8 @@ def _log_expm1_of_square(k, sigma):
   c = half.astype(sigma.dtype) / (sigma * sigma)
   tiny = c < 1e-8
   log_c = np.log(half).astype(sigma.dtype) - 2 * jnp.log(sigma)
-  c_safe = jnp.where(tiny, 1.0, c)
-  return jnp.where(tiny, log_c + c / 2, c_safe + jnp.log(-jnp.expm1(-c_safe)))
+  c_safe = _where(tiny, 1.0, c)
+  return _where(tiny, log_c + c / 2, c_safe + jnp.log(-jnp.expm1(-c_safe)))
 
 
 _SUM_CHUNK = 65   # terms per chunk of the exact sums (k = 0..64: one chunk for orders <= 64)
@@ -850,7 +867,7 @@ def _log_j_integer(per_pair, log1m_q, alphas, log_binoms):
     m, width = log_binom.shape
     per_order = -(-width // _SUM_CHUNK)
     terms = log_binom[None] + per_pair[:, None, :width] + (log1m_q * alpha[None, :])[..., None]
-    terms = jnp.where(jnp.isfinite(log_binom)[None], terms, -jnp.inf)
+    terms = _where(jnp.isfinite(log_binom)[None], terms, -jnp.inf)
     terms = jnp.pad(terms, ((0, 0), (0, 0), (0, per_order * _SUM_CHUNK - width)),
                     constant_values=-jnp.inf)
     chunks.append(terms.reshape(terms.shape[0], m * per_order, _SUM_CHUNK))
@@ -858,7 +875,7 @@ def _log_j_integer(per_pair, log1m_q, alphas, log_binoms):
   terms = jnp.concatenate(chunks, axis=1) if len(chunks) > 1 else chunks[0]
   top = lax.stop_gradient(jnp.max(terms, axis=-1))
   has_terms = jnp.isfinite(top)   # false for a chunk of padding only (k beyond its order)
-  top = jnp.where(has_terms, top, 0.0)
+  top = _where(has_terms, top, 0.0)
   total = jnp.sum(jnp.exp(terms - top[..., None]), axis=-1)   # 0 for padding only
   alpha = jnp.concatenate(alphas) if len(alphas) > 1 else alphas[0]
   if max(counts) == 1:
@@ -870,7 +887,7 @@ def _log_j_integer(per_pair, log1m_q, alphas, log_binoms):
     starts, pad = np.cumsum([0] + counts[:-1]), sum(counts)
     index = np.array([[start + j if j < count else pad for j in range(max(counts))]
                       for start, count in zip(starts, counts)])
-    both = jnp.stack([jnp.where(has_terms, top, -jnp.inf), total])   # one gather for both
+    both = jnp.stack([_where(has_terms, top, -jnp.inf), total])   # one gather for both
     both = jnp.concatenate([both, jnp.stack([jnp.full_like(top[:, :1], -jnp.inf),
                                              jnp.zeros_like(top[:, :1])])], axis=2)[:, :, index]
     chunk_top, chunk_total = both[0], both[1]
@@ -939,24 +956,24 @@ def _grid_nodes(z, sigma, log_q, log1m_q, q):
   dtype = z.dtype
   u = (2 * z - 1) / (2 * sigma * sigma)
   is_zero = u == 0
-  u = jnp.where(is_zero, jnp.ones_like(u), u)
+  u = _where(is_zero, jnp.ones_like(u), u)
   positive = u > 0
-  log_q1m = jnp.where(is_zero, -jnp.inf, log_q + jnp.log(-jnp.expm1(-jnp.abs(u))))
+  log_q1m = _where(is_zero, -jnp.inf, log_q + jnp.log(-jnp.expm1(-jnp.abs(u))))
   log_abs_x = log_q1m + jnp.maximum(u, 0)
   ell_minus_u_big = log_q + _softplus(log1m_q - log_q - u)
   big = u > 1
   # where, not minimum: a node exactly at u = 1 keeps its whole derivative (see _integrand).
-  ell_moderate = jnp.log1p(q * jnp.expm1(jnp.where(big, 1.0, u)))
-  ell = jnp.where(big, u + ell_minus_u_big, ell_moderate)
+  ell_moderate = jnp.log1p(q * jnp.expm1(_where(big, 1.0, u)))
+  ell = _where(big, u + ell_minus_u_big, ell_moderate)
   abs_ell = jnp.abs(ell)
-  abs_ell = jnp.where(abs_ell > 0, abs_ell, jnp.finfo(dtype).tiny)
+  abs_ell = _where(abs_ell > 0, abs_ell, jnp.finfo(dtype).tiny)
   log_abs_ell = jnp.log(abs_ell)
-  x = jnp.exp(jnp.where(log_abs_x <= math.log(_SERIES_RADIUS), log_abs_x, math.log(_SERIES_RADIUS)))
+  x = jnp.exp(_where(log_abs_x <= math.log(_SERIES_RADIUS), log_abs_x, math.log(_SERIES_RADIUS)))
   # x < 0: N/P up to the factor exprel, (1 - |x|) |ell| / |x| = e^ell |ell| / |x| (<= 1).
   ratio_neg = jnp.exp(jnp.minimum(ell, 0.0) + log_abs_ell - log_abs_x)
   return dict(z=z, positive=positive, log_q1m=log_q1m, log_abs_x=log_abs_x, ell=ell,
-              ell_minus_u=jnp.where(big, ell_minus_u_big, ell_moderate - u), abs_ell=abs_ell,
-              log_abs_ell=log_abs_ell, x=jnp.where(positive, x, -x), ratio_neg=ratio_neg)
+              ell_minus_u=_where(big, ell_minus_u_big, ell_moderate - u), abs_ell=abs_ell,
+              log_abs_ell=log_abs_ell, x=_where(positive, x, -x), ratio_neg=ratio_neg)
 
 
 def _order_constants(alpha):
@@ -987,34 +1004,34 @@ def _grid_terms(nodes, sigma, alpha, m_ref, exponent_only=False, constants=None)
   relative = lambda m: (m - m_ref) * (m + m_ref - 1) / (2 * s2)
   ell, ell_minus_u, log_abs_ell = nodes["ell"], nodes["ell_minus_u"], nodes["log_abs_ell"]
   # Exponents. Series: g = (alpha/2) x^2 sum_j c_j x^j with m = 2 (x > 0) or 0.
-  m_series = jnp.where(positive, 2.0, 0.0).astype(dtype)
-  e_series = (log_alpha_half + 2 * jnp.where(small, nodes["log_q1m"], log_x_small)
+  m_series = _where(positive, 2.0, 0.0).astype(dtype)
+  e_series = (log_alpha_half + 2 * _where(small, nodes["log_q1m"], log_x_small)
               - (z - m_series) ** 2 / (2 * s2) + relative(m_series))
   size_alpha = jnp.maximum(jnp.maximum(alpha * alpha, (z - alpha) ** 2) / (2 * s2),
                            jnp.abs(alpha * ell_minus_u))
   size_zero = jnp.maximum(z * z / (2 * s2), jnp.abs(alpha * ell))
-  e_pos = jnp.where(size_alpha < size_zero,
+  e_pos = _where(size_alpha < size_zero,
                     relative(alpha) + alpha * ell_minus_u - (z - alpha) ** 2 / (2 * s2),
                     relative(0.0) + alpha * ell - z * z / (2 * s2)) + log_abs_ell
   e_neg = relative(0.0) - z * z / (2 * s2) + nodes["log_abs_x"]
-  e = jnp.where(small, e_series, jnp.where(positive, e_pos, e_neg))
+  e = _where(small, e_series, _where(positive, e_pos, e_neg))
   if exponent_only:
     return e, None
   # Multipliers. The series by Horner in the clipped x.
   coefficients = [jnp.ones_like(alpha)]
   for j in range(_SERIES_TERMS):
     coefficients.append(coefficients[-1] * ((alpha - (2 + j)) / (j + 3)))
-  x = jnp.where(small, nodes["x"], 0.0)   # |x| <= x_small there (where: see _integrand)
+  x = _where(small, nodes["x"], 0.0)   # |x| <= x_small there (where: see _integrand)
   series = coefficients[-1]
   for c in coefficients[-2::-1]:
     series = c + x * series
   # Direct: exprel(-beta |ell|), shared by both signs of x.
-  abs_ell = jnp.where(small, 1.0, nodes["abs_ell"])
+  abs_ell = _where(small, 1.0, nodes["abs_ell"])
   t = -beta * abs_ell
   exprel = jnp.expm1(t) / t
   mult_pos = exprel - jnp.exp(jnp.minimum(nodes["log_abs_x"] - alpha * ell - log_abs_ell, 0.0))
   mult_neg = 1 - nodes["ratio_neg"] * exprel
-  mult = jnp.where(small, series, jnp.where(positive, mult_pos, mult_neg))
+  mult = _where(small, series, _where(positive, mult_pos, mult_neg))
   return e, jnp.maximum(mult, 0.0)
 
 
@@ -1056,9 +1073,9 @@ def _reference_power(e_abs, sigma2, alpha):
   d_zero, d_two = distance(jnp.zeros_like(peak)), distance(jnp.full_like(peak, 2.0))
   d_alpha = distance(alpha)
   # The first of the nearest (argmin's order: 0, 2, alpha).
-  m_ref = jnp.where((d_zero <= d_two) & (d_zero <= d_alpha), 0.0,
-                    jnp.where(d_two <= d_alpha, 2.0, alpha)).astype(peak.dtype)
-  return m_ref, jnp.where(jnp.isfinite(peak), peak - m_ref * (m_ref - 1) / (2 * sigma2), 0.0)
+  m_ref = _where((d_zero <= d_two) & (d_zero <= d_alpha), 0.0,
+                    _where(d_two <= d_alpha, 2.0, alpha)).astype(peak.dtype)
+  return m_ref, _where(jnp.isfinite(peak), peak - m_ref * (m_ref - 1) / (2 * sigma2), 0.0)
 
 
 def _log_j_shared(q, sigma, alphas, tangents):
@@ -1084,7 +1101,7 @@ def _log_j_shared(q, sigma, alphas, tangents):
   e_abs, _ = _grid_terms({k: v[..., ::4] for k, v in nodes.items()}, ex(sigma), alpha,
                          jnp.zeros_like(alpha), exponent_only=True)
   m_ref, ref = _reference_power(e_abs, s2, alpha)
-  weight = jnp.where((i == 0) | (i == _SHARED_INTERVALS), 0.5, 1.0).astype(dtype)
+  weight = _where((i == 0) | (i == _SHARED_INTERVALS), 0.5, 1.0).astype(dtype)
   const = ref[..., 0] + (jnp.log(h) - 0.5 * math.log(2 * math.pi))[:, None]   # held fixed
 
   def log_j_of(q_, s_, a_):   # log J - const, and the summed values (relative to ref)
@@ -1102,7 +1119,7 @@ def _log_j_shared(q, sigma, alphas, tangents):
   edge = jnp.log(jnp.maximum(values[..., 0], values[..., -1])) + base
   failed = _assess(log_j - shift, rule(2), rule(4), edge, shift,
                    jnp.broadcast_to(h[:, None], (r, g)), sigma[:, None], alphas)
-  return jnp.where(failed, jnp.inf, log_j), jnp.where(failed, 0.0, d_log_j)
+  return _where(failed, jnp.inf, log_j), _where(failed, 0.0, d_log_j)
 
 
 _SHARED_LEVELS = 6   # levels after the first: 129, 257, ..., 4097 nodes
@@ -1184,7 +1201,7 @@ def _log_j_levels(q, sigma, alphas):
     state, pending = carry
     if compact:
       order = jnp.argsort(~pending, stable=True)[:cap]   # pending rows first (a stable sort
-      idx = jnp.where(pending[order], order, r)          # compiles faster than jnp.nonzero)
+      idx = _where(pending[order], order, r)          # compiles faster than jnp.nonzero)
       take = jnp.minimum(idx, r - 1)
       fx, st = fixed[take], state[take]
     else:   # the barrier keeps XLA from hoisting each per-order constant out of the loop
@@ -1198,35 +1215,35 @@ def _log_j_levels(q, sigma, alphas):
     first = level == 0
     # Level 0: lo + step j; level >= 1 (step halved), block b: the midpoints
     # lo + step (128 b + 1 + 2 j).
-    offset = jnp.where(first, 0.0, step * (2 * (_LEVEL_NODES - 1) * blk + 1))
-    z = ex(lo_) + ex(offset) + ex(jnp.where(first, step, 2 * step)) * j
+    offset = _where(first, 0.0, step * (2 * (_LEVEL_NODES - 1) * blk + 1))
+    z = ex(lo_) + ex(offset) + ex(_where(first, step, 2 * step)) * j
     nodes = _grid_nodes(z, ex(s_), ex(log_q_), ex(log1m_q_), ex(q_))
     alpha = alphas_[..., None]
     s2 = (s_ * s_)[:, None]
     e_abs, _ = _grid_terms({k: v[..., ::2] for k, v in nodes.items()}, ex(s_), alpha,
                            jnp.zeros_like(alpha), exponent_only=True, constants=constants)
     m_new, ref_new = _reference_power(e_abs, s2[..., None], alpha)
-    m_ref_ = jnp.where(first[:, None], m_new[..., 0], m_ref_)
-    ref_ = jnp.where(first[:, None], ref_new[..., 0], ref_)
+    m_ref_ = _where(first[:, None], m_new[..., 0], m_ref_)
+    ref_ = _where(first[:, None], ref_new[..., 0], ref_)
     e, mult = _grid_terms(nodes, ex(s_), alpha, m_ref_[..., None], constants=constants)
     values = jnp.exp(jnp.maximum(e - ref_[..., None], _exp_floor(dtype))) * mult
     # The 65th node of a refinement block is a dummy: zero, so that it cannot reach the sums
     # even as inf or NaN (a weight of 0 would not stop those).
-    values = jnp.where(first[:, None, None] | (j < _LEVEL_NODES - 1), values, 0.0)
+    values = _where(first[:, None, None] | (j < _LEVEL_NODES - 1), values, 0.0)
     sums = jnp.einsum("rgk,kc->rgc", values, weights, precision=lax.Precision.HIGHEST)
     shift = m_ref_ * (m_ref_ - 1) / (2 * s2)
     base = (ref_ - log_half_2pi - log_s_[:, None]) + log_step[:, None]   # log T = log(sum) + base
-    partial = jnp.where(first[:, None], 0.0, partial + sums[..., 3])
+    partial = _where(first[:, None], 0.0, partial + sums[..., 3])
     complete = first | (blk == blocks - 1)
-    new_total = jnp.where(first[:, None], sums[..., 0], total + partial)
+    new_total = _where(first[:, None], sums[..., 0], total + partial)
     # One logarithm of the four sums: the level's rule, at level 0 also the rules on every
     # second and fourth node and the larger edge value.
     log_sums = jnp.log(jnp.stack([new_total, sums[..., 1], sums[..., 2],
                                   jnp.maximum(sums[..., 4], sums[..., 5])], axis=-1)) + base[..., None]
     new_log_t = log_sums[..., 0]
-    coarse = jnp.where(first[:, None], log_sums[..., 1] + math.log(2), log_t)
-    coarser = jnp.where(first[:, None], log_sums[..., 2] + math.log(4), older)
-    edge = jnp.where(first[:, None], log_sums[..., 3], edge)
+    coarse = _where(first[:, None], log_sums[..., 1] + math.log(2), log_t)
+    coarser = _where(first[:, None], log_sums[..., 2] + math.log(4), older)
+    edge = _where(first[:, None], log_sums[..., 3], edge)
     still = _assess(new_log_t, coarse, coarser, edge, shift,
                     jnp.broadcast_to(step[:, None], (cap, g)), s_[:, None], alphas_)
     was_failed = still_failed > 0
@@ -1240,7 +1257,7 @@ def _log_j_levels(q, sigma, alphas):
     # else (level, block + 1, blocks, step, log step). All exact.
     current = st[:, :n_counters]
     row = lambda *v: np.array(v, dtype)
-    counters = jnp.where(complete[:, None],
+    counters = _where(complete[:, None],
                          current * row(1.0, 0.0, 2.0, 0.5, 1.0) + row(1.0, 0.0, 0.0, 0.0, _LOG_HALF),
                          current + row(0.0, 1.0, 0.0, 0.0, 0.0))
     # The per-order blocks as one select between two stacks (one kernel, not one per block).
@@ -1248,13 +1265,13 @@ def _log_j_levels(q, sigma, alphas):
                              new_log_t + shift], axis=1)
     otherwise = jnp.stack([partial, total, log_t, older, log_j], axis=1)
     select = jnp.stack([jnp.broadcast_to(c, newly.shape)] * 4 + [newly], axis=1)
-    blocks = jnp.concatenate([jnp.where(select, if_complete, otherwise),
+    blocks = jnp.concatenate([_where(select, if_complete, otherwise),
                               jnp.stack([failed_now.astype(dtype), m_ref_, ref_, edge], axis=1)],
                              axis=1)
     out = jnp.concatenate([counters, blocks.reshape(cap, 9 * g)], axis=-1)
     if not compact:   # rows done before this step keep their state
-      return jnp.where(pending[:, None], out, state), pending & ~done
-    keep = jnp.where(idx < r, idx, r)   # out-of-range writes are dropped
+      return _where(pending[:, None], out, state), pending & ~done
+    keep = _where(idx < r, idx, r)   # out-of-range writes are dropped
     return state.at[keep].set(out, mode="drop"), pending.at[keep].set(~done, mode="drop")
 
   state, _ = lax.while_loop(lambda c: jnp.any(c[1]), body, (state, jnp.ones((r,), bool)))
@@ -1390,7 +1407,7 @@ def log_a_and_rdp_at_orders(q, sigma, orders, split=None, tables=None, fallback=
   dtype = jnp.result_type(qf, sf, orders)
   qf, sf, orders = qf.astype(dtype), sf.astype(dtype), orders.astype(dtype)
   generic = (qf > 0) & (qf < 1) & (sf > 0)
-  qg, sg_ = jnp.where(generic, qf, 0.5), jnp.where(generic, sf, 1.0)
+  qg, sg_ = _where(generic, qf, 0.5), _where(generic, sf, 1.0)
   # log J of every order at the generic stand-ins, then one _terms for the whole grid: the
   # orders are taken in the split's order (the exact sums' buckets, then the rest) by one
   # gather, and the results put back by one.
@@ -1411,7 +1428,7 @@ def log_a_and_rdp_at_orders(q, sigma, orders, split=None, tables=None, fallback=
     where_rest = {int(p): k for k, p in enumerate(rest)}
     groups = tuple(tuple(where_rest[p] for p in g) for g in split.shared)
     usable = jnp.isfinite(alphas) & (alphas >= 1)
-    log_j = _log_j_orders(qg, sg_, jnp.where(usable, alphas, 2.0), groups, fallback)
+    log_j = _log_j_orders(qg, sg_, _where(usable, alphas, 2.0), groups, fallback)
     log_js.append(log_j)
     pendings.append(generic[:, None] & usable[None, :] & ~jnp.isfinite(log_j))
   log_j = jnp.concatenate(log_js, axis=-1) if len(log_js) > 1 else log_js[0]
