@@ -1187,12 +1187,13 @@ def _log_j_levels(q, sigma, alphas):
   n_fixed, n_counters = 6, 5
   fixed = jnp.concatenate([jnp.stack([q, sigma, lo, *logs],
                                      axis=-1), alphas, *_order_constants(alphas)], axis=-1)
-  zeros = jnp.zeros((r, g), dtype)
   step0 = 2 * h   # level 0: every second node of the 129-node grid
-  state = jnp.concatenate([jnp.stack([jnp.zeros_like(q), jnp.zeros_like(q), jnp.full_like(q, 0.5),
-                                      step0, jnp.log(step0)], axis=-1),
-                           zeros, zeros, zeros, zeros, jnp.full((r, g), jnp.inf, dtype),
-                           jnp.ones((r, g), dtype), zeros, zeros, zeros], axis=-1)
+  # The initial state: a constant row (level 0, block 0, blocks 0.5; per order: zeros, log J
+  # +inf, failed 1) with each row's step and log step in columns 3 and 4 (one kernel).
+  template = np.concatenate([[0.0, 0.0, 0.5, 0.0, 0.0], np.zeros(4 * g), np.full(g, np.inf),
+                             np.ones(g), np.zeros(3 * g)]).astype(dtype)
+  column = np.arange(template.size)
+  state = _where(column == 3, step0[:, None], _where(column == 4, jnp.log(step0)[:, None], template))
   cell = lambda m, k: m[:, n_counters + k * g:n_counters + (k + 1) * g]   # k-th per-order block
 
   compact = r > cap   # otherwise every row is in every step (no gather, no scatter)
