@@ -380,7 +380,16 @@ def _placement(q, sigma, alpha):
   return (a0, a1, b0, b1, merged, m_ref)
 
 
-def _assess(log_t, log_t_coarse, log_t_coarser, edge, shift, h, sigma, alpha):
+def _rates(h, sigma):
+  r"""(:math:`\rho_h`, :math:`\rho_h\rho_{2h}`): the factors by which halving the step h and
+  2h shrinks the trapezoidal error (see :func:`_assess`)."""
+  s2 = sigma * sigma
+  log_rate = lambda step: jnp.maximum(-math.pi ** 2 * s2 / step, -1.5 * math.pi ** 2 * s2 / (step * step))
+  log_rho = log_rate(h)
+  return jnp.exp(log_rho), jnp.exp(log_rho + log_rate(2 * h))
+
+
+def _assess(log_t, log_t_coarse, log_t_coarser, edge, shift, rho, rho_pair, alpha, log_beta=None):
   r"""True where the rule's result cannot be certified to _ERROR_TOL_ULPS ulps of log A.
 
   For an integrand analytic in the strip :math:`|\Im z| < d`, the trapezoidal error behaves
@@ -396,32 +405,38 @@ def _assess(log_t, log_t_coarse, log_t_coarser, edge, shift, h, sigma, alpha):
   :math:`\theta = \pi c/h`, :math:`|T(h)-T(2h)| \approx E_{2h}|\cos\theta|` and
   :math:`|T(2h)-T(4h)| \approx E_{4h}|\cos(\theta/2)|`, and :math:`\max(|\cos\theta|,
   |\cos(\theta/2)|) \ge 1/2`. So the error of T(h) is estimated as
-  :math:`\max(\rho_h |T(h)-T(2h)|,\ \rho_h\rho_{2h} |T(2h)-T(4h)|)/(1-\rho_h)`, doubled.
+  :math:`\max(\rho_h |T(h)-T(2h)|,\ \rho_h\rho_{2h} |T(2h)-T(4h)|)/(1-\rho_h)`, doubled
+  (``rho``, ``rho_pair``: :math:`\rho_h` and :math:`\rho_h\rho_{2h}`, from :func:`_rates`).
   The gap is judged on log A (what is returned): :math:`d\log A/\log A = s\, d\log J` with
   :math:`s = \mathrm{sigmoid}(\ell)/\mathrm{softplus}(\ell) \le 1`, :math:`\ell = \log(\beta J)`.
   The integrand must also have decayed at the window edges.
   """
   sg = lax.stop_gradient
   log_t, log_t_coarse, log_t_coarser = sg(log_t), sg(log_t_coarse), sg(log_t_coarser)
-  edge, h = sg(edge), sg(h)
+  edge, rho, rho_pair = sg(edge), sg(rho), sg(rho_pair)
   log_j = log_t + sg(shift)  # sums are relative to the reference constant `shift`
   dtype = log_j.dtype
   eps = float(jnp.finfo(dtype).eps)
-  s2 = sg(sigma * sigma)
-  log_rate = lambda step: jnp.maximum(-math.pi ** 2 * s2 / step, -1.5 * math.pi ** 2 * s2 / (step * step))
-  log_rho = log_rate(h)
-  rho = jnp.exp(log_rho)
-  beta = sg(alpha) - 1
-  log_beta_j = jnp.log(_where(beta > 0, beta, 1.0)) + log_j
+  alpha = sg(alpha)
+  log_beta = _log_beta(alpha) if log_beta is None else sg(log_beta)
+  log_beta_j = log_beta + log_j
   tiny_j = log_beta_j < -20
   lbj_safe = _where(tiny_j, 0.0, log_beta_j)
-  sensitivity = _where(tiny_j | (beta <= 0), 1.0, jax.nn.sigmoid(lbj_safe) / _softplus(lbj_safe))
+  sensitivity = _where(tiny_j | (alpha <= 1), 1.0, jax.nn.sigmoid(lbj_safe) / _softplus(lbj_safe))
   gap = jnp.abs(log_t - log_t_coarse) * rho
-  gap_before = jnp.abs(log_t_coarse - log_t_coarser) * jnp.exp(log_rho + log_rate(2 * h))
-  # NaN (an -inf - -inf gap) counts as a failure below.
-  error = 2 * jnp.maximum(gap, gap_before) * sensitivity / (1 - rho)
+  gap_before = jnp.abs(log_t_coarse - log_t_coarser) * rho_pair
+  # error <= tol with error = 2 max(gap, gap_before) sensitivity / (1 - rho), written without
+  # the division (a per-row division would be a kernel of its own); rho = 1 fails, and so does
+  # NaN (an -inf - -inf gap).
+  bound = 2 * jnp.maximum(gap, gap_before) * sensitivity
+  certified = (bound <= _ERROR_TOL_ULPS * eps * (1 - rho)) & (rho < 1)
   edge_ok = edge - log_t < math.log(eps) - 4
-  return ~(error <= _ERROR_TOL_ULPS * eps) | ~edge_ok | ~jnp.isfinite(log_j)
+  return ~certified | ~edge_ok | ~jnp.isfinite(log_j)
+
+
+def _log_beta(alpha):
+  """log(alpha - 1), 0 at alpha <= 1 (where it is not used)."""
+  return jnp.log(_where(alpha > 1, alpha - 1, 1.0))
 
 
 def _reference_constant(m_ref, sigma):
@@ -474,7 +489,7 @@ def _first_level(place, q, sigma, alpha, with_grad):
   step = jnp.maximum(a1 - a0, b1 - b0) / _BLOCK
   total_coarse = jnp.logaddexp(coarse[:, 0], coarse[:, 1])
   failed = _assess(total, total_coarse, jnp.logaddexp(coarser[:, 0], coarser[:, 1]), edge, shift,
-                   step, sigma, alpha)
+                   *_rates(step, sigma), alpha)
   return log_t, d_t, edge, failed, total_coarse
 
 
@@ -532,7 +547,8 @@ def _refine(place, q, sigma, alpha, log_t, d_t, edge, failed, total_coarse, with
     total_new = jnp.logaddexp(new[:, 0], new[:, 1])
     total_old = jnp.logaddexp(old[:, 0], old[:, 1])
     step = jnp.max(widths, axis=-1) / (2 * coarse_intervals)
-    still = _assess(total_new, total_old, older, edge_, _reference_constant(m_ref_, s_), step, s_, a_)
+    still = _assess(total_new, total_old, older, edge_, _reference_constant(m_ref_, s_),
+                    *_rates(step, s_), a_)
     done = last_block & (~still | (level == _LEVELS - 1))
     col = last_block[:, None]
     out = [rows[:, :9],
@@ -951,10 +967,11 @@ def _integer_orders(q, sigma, alphas, tables):
   return _in_row_blocks(block, max(1, _SUM_ELEMENTS // terms), q, sigma)
 
 
-def _grid_nodes(z, sigma, log_q, log1m_q, q):
-  """The order-independent part of the integrand at the nodes z (see :func:`_integrand`)."""
+def _grid_nodes(z, inv_2s2, log_q, log1m_q, q):
+  """The order-independent part of the integrand at the nodes z (see :func:`_integrand`);
+  ``inv_2s2``: 1/(2 sigma^2)."""
   dtype = z.dtype
-  u = (2 * z - 1) / (2 * sigma * sigma)
+  u = (2 * z - 1) * inv_2s2
   is_zero = u == 0
   u = _where(is_zero, jnp.ones_like(u), u)
   positive = u > 0
@@ -978,12 +995,36 @@ def _grid_nodes(z, sigma, log_q, log1m_q, q):
 
 def _order_constants(alpha):
   """Per-order constants of :func:`_grid_terms`: the series radius x_s = min(0.1, 1/(2 alpha)),
-  log x_s and log(alpha/2) (computed once per order, outside the loops over nodes)."""
+  log x_s and log(alpha/2); and log(alpha - 1) for :func:`_assess` (computed once per order,
+  outside the loops over nodes)."""
   x_small = jnp.minimum(jnp.asarray(_SERIES_RADIUS, alpha.dtype), 0.5 / alpha)
-  return x_small, jnp.log(x_small), jnp.log(alpha / 2)
+  return x_small, jnp.log(x_small), jnp.log(alpha / 2), _log_beta(alpha)
 
 
-def _grid_terms(nodes, sigma, alpha, m_ref, exponent_only=False, constants=None):
+def _select_columns(columns, axis=-1):
+  """The arrays ``columns`` (one shape, k entries along ``axis``) as one array whose entry i
+  along ``axis`` is that of ``columns[i]``: one select each, so that XLA computes it as one
+  kernel (a concatenation of computed pieces is a kernel per piece on CPUs).
+  To compute expensive functions of per-row values in the same kernel, select their
+  arguments first and apply each function to the whole selection (see :func:`_log_j_levels`):
+  a function of a broadcast per-row value is moved before the broadcast by XLA, where it is
+  a kernel of its own."""
+  column = lax.broadcasted_iota(np.int32, columns[0].shape, axis % columns[0].ndim)
+  out = columns[-1]
+  for i in range(len(columns) - 2, -1, -1):
+    out = _where(column == i, columns[i], out)
+  return out
+
+
+def _order_block(alphas):
+  """(..., 5 g): the orders ``alphas`` (..., g) followed by each of their four
+  :func:`_order_constants`, g columns each (one kernel)."""
+  g = alphas.shape[-1]
+  a = jnp.broadcast_to(alphas[..., None, :], alphas.shape[:-1] + (5, g))
+  return _select_columns([a, *_order_constants(a)], axis=-2).reshape(alphas.shape[:-1] + (5 * g,))
+
+
+def _grid_terms(nodes, inv_2s2, alpha, m_ref, exponent_only=False, constants=None):
   r"""The integrand of :func:`_integrand` at shared nodes, as exponent and multiplier:
   :math:`\varphi_\sigma(z) g_\alpha(x) = \sqrt{2\pi}\sigma\,
   e^{m_{ref}(m_{ref}-1)/(2\sigma^2)}\, e^{e}\, \mathrm{mult}` with ``mult`` >= 0 of order
@@ -991,29 +1032,29 @@ def _grid_terms(nodes, sigma, alpha, m_ref, exponent_only=False, constants=None)
   P - N with m = alpha or 0), written so that each (node, order) costs two exponentials and
   one expm1 (the logarithms are per node): for x > 0, mult = exprel(-beta ell) -
   x e^{-alpha ell}/ell; for x < 0, mult = 1 - (1-|x|)|ell| exprel(-beta|ell|)/|x|; in the
-  series region mult is the series' sum. ``m_ref``: the reference power (broadcasts).
+  series region mult is the series' sum. ``inv_2s2``: 1/(2 sigma^2); ``m_ref``: the
+  reference power (broadcasts).
   ``exponent_only``: the exponent alone (mult None), without tracing the multiplier.
   ``constants``: :func:`_order_constants` of ``alpha`` where already computed."""
   z, positive = nodes["z"], nodes["positive"]
   dtype = z.dtype
-  s2 = sigma * sigma
   beta = alpha - 1
-  x_small, log_x_small, log_alpha_half = (_order_constants(alpha) if constants is None
-                                           else constants)
+  x_small, log_x_small, log_alpha_half, _ = (_order_constants(alpha) if constants is None
+                                              else constants)
   small = nodes["log_abs_x"] <= log_x_small
-  relative = lambda m: (m - m_ref) * (m + m_ref - 1) / (2 * s2)
+  relative = lambda m: (m - m_ref) * (m + m_ref - 1) * inv_2s2
   ell, ell_minus_u, log_abs_ell = nodes["ell"], nodes["ell_minus_u"], nodes["log_abs_ell"]
   # Exponents. Series: g = (alpha/2) x^2 sum_j c_j x^j with m = 2 (x > 0) or 0.
   m_series = _where(positive, 2.0, 0.0).astype(dtype)
   e_series = (log_alpha_half + 2 * _where(small, nodes["log_q1m"], log_x_small)
-              - (z - m_series) ** 2 / (2 * s2) + relative(m_series))
-  size_alpha = jnp.maximum(jnp.maximum(alpha * alpha, (z - alpha) ** 2) / (2 * s2),
+              - (z - m_series) ** 2 * inv_2s2 + relative(m_series))
+  size_alpha = jnp.maximum(jnp.maximum(alpha * alpha, (z - alpha) ** 2) * inv_2s2,
                            jnp.abs(alpha * ell_minus_u))
-  size_zero = jnp.maximum(z * z / (2 * s2), jnp.abs(alpha * ell))
+  size_zero = jnp.maximum(z * z * inv_2s2, jnp.abs(alpha * ell))
   e_pos = _where(size_alpha < size_zero,
-                    relative(alpha) + alpha * ell_minus_u - (z - alpha) ** 2 / (2 * s2),
-                    relative(0.0) + alpha * ell - z * z / (2 * s2)) + log_abs_ell
-  e_neg = relative(0.0) - z * z / (2 * s2) + nodes["log_abs_x"]
+                    relative(alpha) + alpha * ell_minus_u - (z - alpha) ** 2 * inv_2s2,
+                    relative(0.0) + alpha * ell - z * z * inv_2s2) + log_abs_ell
+  e_neg = relative(0.0) - z * z * inv_2s2 + nodes["log_abs_x"]
   e = _where(small, e_series, _where(positive, e_pos, e_neg))
   if exponent_only:
     return e, None
@@ -1060,7 +1101,7 @@ def _shared_span(q, sigma, alphas):
   return lo, (hi - lo) / _SHARED_INTERVALS
 
 
-def _reference_power(e_abs, sigma2, alpha):
+def _reference_power(e_abs, inv_2s2, alpha):
   """(m_ref, ref): of m in {0, 2, alpha}, the power whose constant m(m-1)/(2 sigma^2) is
   nearest the peak of the exponents ``e_abs`` (absolute scale, nodes on the last axis), and
   the peak relative to that constant: the dominant terms are then summed relative to their
@@ -1069,13 +1110,13 @@ def _reference_power(e_abs, sigma2, alpha):
   nodes it is located on)."""
   peak = jnp.max(e_abs, axis=-1, keepdims=True)
   alpha = jnp.broadcast_to(alpha, peak.shape)
-  distance = lambda m: jnp.abs(peak - m * (m - 1) / (2 * sigma2))
+  distance = lambda m: jnp.abs(peak - m * (m - 1) * inv_2s2)
   d_zero, d_two = distance(jnp.zeros_like(peak)), distance(jnp.full_like(peak, 2.0))
   d_alpha = distance(alpha)
   # The first of the nearest (argmin's order: 0, 2, alpha).
   m_ref = _where((d_zero <= d_two) & (d_zero <= d_alpha), 0.0,
                     _where(d_two <= d_alpha, 2.0, alpha)).astype(peak.dtype)
-  return m_ref, _where(jnp.isfinite(peak), peak - m_ref * (m_ref - 1) / (2 * sigma2), 0.0)
+  return m_ref, _where(jnp.isfinite(peak), peak - m_ref * (m_ref - 1) * inv_2s2, 0.0)
 
 
 def _log_j_shared(q, sigma, alphas, tangents):
@@ -1094,18 +1135,18 @@ def _log_j_shared(q, sigma, alphas, tangents):
   i = jnp.arange(_SHARED_INTERVALS + 1, dtype=dtype)
   ex = lambda v: v[:, None, None]
   z = ex(lo) + ex(h) * i
-  nodes_of = lambda q_, s_: _grid_nodes(z, ex(s_), ex(jnp.log(q_)), ex(jnp.log1p(-q_)), ex(q_))
+  inv_2s2 = lambda s_: ex(0.5 / (s_ * s_))
+  nodes_of = lambda q_, s_: _grid_nodes(z, inv_2s2(s_), ex(jnp.log(q_)), ex(jnp.log1p(-q_)), ex(q_))
   nodes = nodes_of(q, sigma)
   alpha = alphas[..., None]
-  s2 = ex(sigma * sigma)
-  e_abs, _ = _grid_terms({k: v[..., ::4] for k, v in nodes.items()}, ex(sigma), alpha,
+  e_abs, _ = _grid_terms({k: v[..., ::4] for k, v in nodes.items()}, inv_2s2(sigma), alpha,
                          jnp.zeros_like(alpha), exponent_only=True)
-  m_ref, ref = _reference_power(e_abs, s2, alpha)
+  m_ref, ref = _reference_power(e_abs, inv_2s2(sigma), alpha)
   weight = _where((i == 0) | (i == _SHARED_INTERVALS), 0.5, 1.0).astype(dtype)
   const = ref[..., 0] + (jnp.log(h) - 0.5 * math.log(2 * math.pi))[:, None]   # held fixed
 
   def log_j_of(q_, s_, a_):   # log J - const, and the summed values (relative to ref)
-    e, mult = _grid_terms(nodes_of(q_, s_), ex(s_), a_[..., None], m_ref)
+    e, mult = _grid_terms(nodes_of(q_, s_), inv_2s2(s_), a_[..., None], m_ref)
     values = jnp.exp(jnp.maximum(e - ref, _exp_floor(dtype))) * mult
     log_j = (jnp.log(jnp.sum(values * weight, axis=-1)) - jnp.log(s_)[:, None]
              + _reference_constant(m_ref[..., 0], s_[:, None]))
@@ -1118,7 +1159,7 @@ def _log_j_shared(q, sigma, alphas, tangents):
   rule = lambda every: jnp.log(jnp.sum(values[..., ::every] * weight[::every], axis=-1)) + base + math.log(every)
   edge = jnp.log(jnp.maximum(values[..., 0], values[..., -1])) + base
   failed = _assess(log_j - shift, rule(2), rule(4), edge, shift,
-                   jnp.broadcast_to(h[:, None], (r, g)), sigma[:, None], alphas)
+                   *_rates(h[:, None], sigma[:, None]), alphas)
   return _where(failed, jnp.inf, log_j), _where(failed, 0.0, d_log_j)
 
 
@@ -1146,10 +1187,10 @@ def _level_weights():
   return table
 
 
-def _log_j_levels(q, sigma, alphas):
+def _log_j_levels(q, sigma, orders):
   r"""log J (r, g) on rows: flat generic q, sigma (r,), each row with its own ascending orders
-  ``alphas`` (r, g), on nested grids of its span (:func:`_shared_span`); +inf where a value
-  cannot be certified.
+  and their constants ``orders`` (r, 5 g) (:func:`_order_block`), on nested grids of its span
+  (:func:`_shared_span`); +inf where a value cannot be certified.
 
   Level 0 is every second node of the 129-node grid (65 nodes, step 2h); its trapezoid rule
   and those on every second and fourth of its nodes (33, 17) certify most rows (:func:`_assess`,
@@ -1167,11 +1208,11 @@ def _log_j_levels(q, sigma, alphas):
   (:func:`_grid_terms`), summed in linear space relative to the peak located at level 0
   (:func:`_reference_power`, on every fourth node of the 129-node grid). The sums over the
   nodes are one contraction with :func:`_level_weights`."""
-  r, g = alphas.shape
+  r, g = orders.shape[0], orders.shape[1] // 5
   dtype = q.dtype
   sg = lax.stop_gradient
-  q, sigma, alphas = sg(q), sg(sigma), sg(alphas)
-  logs = (jnp.log(q), jnp.log1p(-q), jnp.log(sigma))   # once per row
+  q, sigma, orders = sg(q), sg(sigma), sg(orders)
+  alphas = orders[:, :g]
   lo, h = _shared_span(q, sigma, alphas)
   cap = min(r, _LEVEL_ROWS)
   weights = jnp.asarray(_level_weights(), dtype)
@@ -1179,21 +1220,39 @@ def _log_j_levels(q, sigma, alphas):
   ex = lambda v: v[:, None, None]
   log_half_2pi = 0.5 * math.log(2 * math.pi)
   # Two packed matrices (one gather per step, one scatter). Fixed per row: q sigma lo log q
-  # log(1-q) log sigma | alphas and their constants (_order_constants). State per row: level
-  # being built, its block, the blocks of the level, its step and log step | per order: the
-  # midpoint sum so far, the sum and the rule of the last complete level, the rule of the one
-  # before (all relative to ref), log J, failed, m_ref, ref, the edge value. Everything the
-  # body needs per row is a column (no logarithm or power of a row's scalars in the loop).
-  n_fixed, n_counters = 6, 5
-  fixed = jnp.concatenate([jnp.stack([q, sigma, lo, *logs],
-                                     axis=-1), alphas, *_order_constants(alphas)], axis=-1)
-  step0 = 2 * h   # level 0: every second node of the 129-node grid
+  # log(1-q) log sigma 1/(2 sigma^2) | alphas and their constants (_order_constants). State per
+  # row: level being built, its block, the blocks of the level, its step and log step, and the
+  # rates of _assess at that step (exp(-pi^2 sigma^2/h), exp(-1.5 pi^2 sigma^2/h^2), whose max
+  # is rho_h, and rho_2h; halving h squares the first, raises the second to the 4th power) |
+  # per order: the midpoint sum so far, the sum and the rule of the last complete level, the
+  # rule of the one before (all relative to ref), log J, failed, m_ref, ref, the edge value.
+  # Everything the body needs per row is a column: no division, logarithm or exponential of a
+  # row's scalars in the loop (each would be a kernel of its own, evaluated before the
+  # broadcast over nodes and orders).
+  n_fixed, n_counters = 7, 8
+  # Each matrix is one kernel: per-row columns computed by _select_columns, the rest placed
+  # by padding with zeros and adding (exact).
+  wide = lambda v, k: jnp.broadcast_to(v[:, None], (r, k))
+  q_, s_ = wide(q, n_fixed), wide(sigma, n_fixed)
+  x = _select_columns([q_, s_, wide(lo, n_fixed), q_, -q_, s_, s_])
+  per_row = _select_columns([x, x, x, jnp.log(x), jnp.log1p(x), jnp.log(x), 0.5 / (x * x)])
+  fixed = jnp.pad(per_row, ((0, 0), (0, 5 * g))) + jnp.pad(orders, ((0, 0), (n_fixed, 0)))
   # The initial state: a constant row (level 0, block 0, blocks 0.5; per order: zeros, log J
-  # +inf, failed 1) with each row's step and log step in columns 3 and 4 (one kernel).
-  template = np.concatenate([[0.0, 0.0, 0.5, 0.0, 0.0], np.zeros(4 * g), np.full(g, np.inf),
+  # +inf, failed 1) plus each row's step (level 0: every second node of the 129-node grid),
+  # log step and rates in columns 3 to 7.
+  template = np.concatenate([[0.0, 0.0, 0.5], np.zeros(5), np.zeros(4 * g), np.full(g, np.inf),
                              np.ones(g), np.zeros(3 * g)]).astype(dtype)
-  column = np.arange(template.size)
-  state = _where(column == 3, step0[:, None], _where(column == 4, jnp.log(step0)[:, None], template))
+  # Step, log step, then the exponents of the rates at the step, (a, b) = (-pi^2 sigma^2/h,
+  # -1.5 pi^2 sigma^2/h^2), and at twice the step, (a/2, b/4).
+  step0, s2 = wide(2 * h, 6), wide(sigma * sigma, 6)
+  a, b = -math.pi ** 2 * s2, -1.5 * math.pi ** 2 * s2
+  x = (_select_columns([step0, step0, a, b, a, b])
+       / _select_columns([jnp.ones_like(step0), jnp.ones_like(step0), step0, step0 * step0,
+                          2 * step0, 4 * step0 * step0]))
+  x = _select_columns([x, jnp.log(x), jnp.exp(x), jnp.exp(x), jnp.exp(x), jnp.exp(x)])
+  rho_coarse = jnp.maximum(x[:, :5], x[:, 1:])   # column 4: max(e^(a/2), e^(b/4))
+  per_row = _where(np.arange(5) == 4, rho_coarse, x[:, :5])
+  state = jnp.pad(per_row, ((0, 0), (3, template.size - n_counters))) + template
   cell = lambda m, k: m[:, n_counters + k * g:n_counters + (k + 1) * g]   # k-th per-order block
 
   compact = r > cap   # otherwise every row is in every step (no gather, no scatter)
@@ -1207,10 +1266,12 @@ def _log_j_levels(q, sigma, alphas):
       fx, st = fixed[take], state[take]
     else:   # the barrier keeps XLA from hoisting each per-order constant out of the loop
       fx, st = lax.optimization_barrier((fixed, state))   # as a kernel of its own
-    q_, s_, lo_, log_q_, log1m_q_, log_s_ = (fx[:, i] for i in range(n_fixed))
-    alphas_, *constants = (fx[:, n_fixed + k * g:n_fixed + (k + 1) * g] for k in range(4))
+    q_, s_, lo_, log_q_, log1m_q_, log_s_, inv_2s2 = (fx[:, i] for i in range(n_fixed))
+    alphas_, *constants = (fx[:, n_fixed + k * g:n_fixed + (k + 1) * g] for k in range(5))
+    log_beta = constants[-1]
     constants = [v[..., None] for v in constants]
-    level, blk, blocks, step, log_step = (st[:, i] for i in range(n_counters))
+    level, blk, blocks, step, log_step, rate_a, rate_b, rho_coarse = (
+        st[:, i] for i in range(n_counters))
     partial, total, log_t, older, log_j, still_failed, m_ref_, ref_, edge = (
         cell(st, k) for k in range(9))
     first = level == 0
@@ -1218,21 +1279,20 @@ def _log_j_levels(q, sigma, alphas):
     # lo + step (128 b + 1 + 2 j).
     offset = _where(first, 0.0, step * (2 * (_LEVEL_NODES - 1) * blk + 1))
     z = ex(lo_) + ex(offset) + ex(_where(first, step, 2 * step)) * j
-    nodes = _grid_nodes(z, ex(s_), ex(log_q_), ex(log1m_q_), ex(q_))
+    nodes = _grid_nodes(z, ex(inv_2s2), ex(log_q_), ex(log1m_q_), ex(q_))
     alpha = alphas_[..., None]
-    s2 = (s_ * s_)[:, None]
-    e_abs, _ = _grid_terms({k: v[..., ::2] for k, v in nodes.items()}, ex(s_), alpha,
+    e_abs, _ = _grid_terms({k: v[..., ::2] for k, v in nodes.items()}, ex(inv_2s2), alpha,
                            jnp.zeros_like(alpha), exponent_only=True, constants=constants)
-    m_new, ref_new = _reference_power(e_abs, s2[..., None], alpha)
+    m_new, ref_new = _reference_power(e_abs, ex(inv_2s2), alpha)
     m_ref_ = _where(first[:, None], m_new[..., 0], m_ref_)
     ref_ = _where(first[:, None], ref_new[..., 0], ref_)
-    e, mult = _grid_terms(nodes, ex(s_), alpha, m_ref_[..., None], constants=constants)
+    e, mult = _grid_terms(nodes, ex(inv_2s2), alpha, m_ref_[..., None], constants=constants)
     values = jnp.exp(jnp.maximum(e - ref_[..., None], _exp_floor(dtype))) * mult
     # The 65th node of a refinement block is a dummy: zero, so that it cannot reach the sums
     # even as inf or NaN (a weight of 0 would not stop those).
     values = _where(first[:, None, None] | (j < _LEVEL_NODES - 1), values, 0.0)
     sums = jnp.einsum("rgk,kc->rgc", values, weights, precision=lax.Precision.HIGHEST)
-    shift = m_ref_ * (m_ref_ - 1) / (2 * s2)
+    shift = m_ref_ * (m_ref_ - 1) * inv_2s2[:, None]
     base = (ref_ - log_half_2pi - log_s_[:, None]) + log_step[:, None]   # log T = log(sum) + base
     partial = _where(first[:, None], 0.0, partial + sums[..., 3])
     complete = first | (blk == blocks - 1)
@@ -1245,22 +1305,27 @@ def _log_j_levels(q, sigma, alphas):
     coarse = _where(first[:, None], log_sums[..., 1] + math.log(2), log_t)
     coarser = _where(first[:, None], log_sums[..., 2] + math.log(4), older)
     edge = _where(first[:, None], log_sums[..., 3], edge)
-    still = _assess(new_log_t, coarse, coarser, edge, shift,
-                    jnp.broadcast_to(step[:, None], (cap, g)), s_[:, None], alphas_)
+    rho = jnp.maximum(rate_a, rate_b)[:, None]
+    still = _assess(new_log_t, coarse, coarser, edge, shift, rho, rho * rho_coarse[:, None],
+                    alphas_, log_beta)
     was_failed = still_failed > 0
     newly = complete[:, None] & was_failed & ~still
     failed_now = was_failed & ~newly
     done = complete & (~jnp.any(failed_now, axis=-1) | (level == _SHARED_LEVELS))
     c = complete[:, None]
     # A completed level starts the next: twice the blocks, half the step.
-    # (level, block, blocks, step, log step) as one select on the row's five columns (one
-    # kernel, not one per column): complete -> (level + 1, 0, 2 blocks, step/2, log step - log 2),
-    # else (level, block + 1, blocks, step, log step). All exact.
+    # The row's counters as one select (one kernel, not one per column): complete ->
+    # (level + 1, 0, 2 blocks, step/2, log step - log 2, rate_a^2, rate_b^4, rho_h), else
+    # (level, block + 1, blocks, step, log step, the same rates). All exact but the rates
+    # (a few ulps per level: they only scale the error estimate).
     current = st[:, :n_counters]
     row = lambda *v: np.array(v, dtype)
+    squared = current * current
     counters = _where(complete[:, None],
-                         current * row(1.0, 0.0, 2.0, 0.5, 1.0) + row(1.0, 0.0, 0.0, 0.0, _LOG_HALF),
-                         current + row(0.0, 1.0, 0.0, 0.0, 0.0))
+                      jnp.concatenate([current[:, :5] * row(1.0, 0.0, 2.0, 0.5, 1.0)
+                                       + row(1.0, 0.0, 0.0, 0.0, _LOG_HALF), squared[:, 5:6],
+                                       (squared * squared)[:, 6:7], rho], axis=-1),
+                      current + row(0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0))
     # The per-order blocks as one select between two stacks (one kernel, not one per block).
     if_complete = jnp.stack([jnp.zeros_like(partial), new_total, new_log_t, coarse,
                              new_log_t + shift], axis=1)
@@ -1293,15 +1358,16 @@ def _shared_values(q, sigma, alphas, groups, tangents=None):
   index = np.array([g + (g[-1],) * (width - len(g)) for g in groups])
   n_groups = len(groups)
   as_rows = lambda q_, s_, a_: (jnp.repeat(q_, n_groups), jnp.repeat(s_, n_groups),
-                                jnp.tile(a_[index], (n, 1)))
+                                jnp.tile(a_, (n, 1)))
   if tangents is None:
     blocks = -(-(n * n_groups) // _LEVEL_BLOCK_ROWS)   # equal blocks: little padding
     shared = (_in_row_blocks(lambda xs: _log_j_levels(*xs), -(-(n * n_groups) // blocks),
-                             *as_rows(q, sigma, alphas)),)
+                             *as_rows(q, sigma, _order_block(lax.stop_gradient(alphas)[index]))),)
   else:
     rows = max(1, _SHARED_ELEMENTS // (width * (_SHARED_INTERVALS + 1)))
     shared = _in_row_blocks(lambda xs: _log_j_shared(*xs[:3], xs[3:]), rows,
-                            *as_rows(q, sigma, alphas), *as_rows(*tangents))
+                            *as_rows(q, sigma, alphas[index]),
+                            *as_rows(tangents[0], tangents[1], tangents[2][index]))
   # Each order's column among the rows' (pair, group, slot) values, or the fill column after
   # them: one gather with static indices (a scatter is a sequential loop on CPUs).
   source = np.full(m, n_groups * width)

@@ -285,7 +285,7 @@ def test_a_node_on_a_branch_edge_keeps_its_whole_derivative():
   q, sigma = 0.999, 1.0
   z = jnp.asarray([1.5, 1.5 - 1e-3, 1.5 + 1e-3])   # u = 1 exactly, and either side
   ell = lambda z_: sampled_gaussian._grid_nodes(
-      z_, jnp.float64(sigma), jnp.log(q), jnp.log1p(-q), jnp.float64(q))["ell"]
+      z_, jnp.float64(0.5 / sigma ** 2), jnp.log(q), jnp.log1p(-q), jnp.float64(q))["ell"]
   with jax.enable_x64(True):
     z = z.astype(jnp.float64)
     _, d_ell = jax.jvp(ell, (z,), (jnp.ones_like(z),))
