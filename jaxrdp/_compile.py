@@ -68,6 +68,18 @@ def _leaf_key(leaf):
   return jax.typeof(leaf), getattr(leaf, "sharding", None)
 
 
+def batched(x) -> bool:
+  """Whether ``x`` is being batched by :func:`jax.vmap` along a mapped axis. Its tracer class
+  is not public, so it is recognised by name; should that change, this says False and the
+  callers take their general path (slower to trace, same results)."""
+  return type(x).__name__ == "BatchTracer" and getattr(x, "batch_dim", None) is not None
+
+
+def _batched_in_a_trace(x) -> bool:
+  """:func:`batched`, with the batched values themselves traced (``jax.jit(jax.vmap(f))``)."""
+  return batched(x) and isinstance(getattr(x, "val", None), jax.core.Tracer)
+
+
 def jit(fun=None, *, static_argnames=(), work=None):
   """``jax.jit`` that compiles with :data:`_CPU_OPTIONS` on the CPU backend where it can.
   ``work``: optional estimate of a call's work in elements, from its bound arguments (a dict)."""
@@ -87,7 +99,15 @@ def jit(fun=None, *, static_argnames=(), work=None):
     arguments = bound.arguments
     dynamic = {k: v for k, v in arguments.items() if k not in static_argnames}
     leaves, treedef = jax.tree_util.tree_flatten(dynamic)
-    if jax.default_backend() != "cpu" or any(isinstance(x, jax.core.Tracer) for x in leaves):
+    if any(isinstance(x, jax.core.Tracer) for x in leaves):
+      if any(_batched_in_a_trace(x) for x in leaves):
+        # Inlined: a jax.jit function under jax.vmap is traced for the unbatched shapes,
+        # then batched, and a kernel with a batching rule (see jaxrdp.sampled_gaussian) would
+        # be traced a second time by its rule. Inlined, only the rule traces it; the
+        # enclosing trace compiles it all the same.
+        return fun(*args, **kwargs)
+      return plain(*args, **kwargs)
+    if jax.default_backend() != "cpu":
       return plain(*args, **kwargs)
     statics = tuple((k, arguments[k]) for k in static_argnames if k in arguments)
     key = (treedef, tuple(_leaf_key(x) for x in leaves), statics, jax.config.jax_enable_x64,

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -594,11 +595,42 @@ def _log_j_flat(q, sigma, alpha, with_grad):
   return log_j, grads
 
 
+_PRIMAL = threading.local()   # .skip: the next custom_vmap primal traced is a placeholder
+
+
+def _placeholder_primal():
+  """True once after :func:`_rule_only_when_batched` asked for it (and then False)."""
+  skip = getattr(_PRIMAL, "skip", False)
+  _PRIMAL.skip = False
+  return skip
+
+
+def _rule_only_when_batched(kernel):
+  """``kernel`` (a :func:`jax.custom_batching.custom_vmap` whose primal returns a placeholder
+  when :func:`_placeholder_primal` says so) called so that, on values being batched by
+  :func:`jax.vmap`, the primal is not traced: custom_vmap traces it for the unbatched shapes
+  before the batching rule replaces it, which would trace the whole kernel twice. The
+  placeholder (NaN of the output's shape) is never evaluated: the rule's result replaces it."""
+  @functools.wraps(kernel)
+  def call(*args):
+    if not any(_compile.batched(x) for x in args):
+      return kernel(*args)
+    _PRIMAL.skip = True
+    try:
+      return kernel(*args)
+    finally:
+      _PRIMAL.skip = False
+  return call
+
+
 def _flat_kernel(with_grad):
   """_log_j_flat for flat inputs, with a batching rule that flattens any vmapped batch into
   the same flat kernel (so jax.vmap never batches its loops)."""
   @jax.custom_batching.custom_vmap
   def kernel(q, sigma, alpha):
+    if _placeholder_primal():
+      nan = jnp.full(q.shape, jnp.nan, q.dtype)
+      return (nan, jnp.full(q.shape + (3,), jnp.nan, q.dtype)) if with_grad else nan
     return _log_j_flat(q, sigma, alpha, with_grad)
 
   @kernel.def_vmap
@@ -610,7 +642,7 @@ def _flat_kernel(with_grad):
     out = jax.tree_util.tree_map(lambda v: v.reshape(shape + v.shape[1:]), out)
     return out, jax.tree_util.tree_map(lambda _: True, out)
 
-  return kernel
+  return _rule_only_when_batched(kernel)
 
 
 _KERNEL = _flat_kernel(False)
@@ -1417,6 +1449,8 @@ def _quadrature_kernel(groups, fallback):
   vmapped batch of pairs into the same flat computation (vmap = arrays)."""
   @jax.custom_batching.custom_vmap
   def kernel(q, sigma, alphas):
+    if _placeholder_primal():
+      return jnp.full((q.shape[0], alphas.shape[0]), jnp.nan, q.dtype)
     return _quadrature_values(q, sigma, alphas, groups, fallback)
 
   @kernel.def_vmap
@@ -1430,7 +1464,7 @@ def _quadrature_kernel(groups, fallback):
     out = kernel(q.reshape(-1), sigma.reshape(-1), alphas)
     return out.reshape(q.shape + out.shape[-1:]), True
 
-  return kernel
+  return _rule_only_when_batched(kernel)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))

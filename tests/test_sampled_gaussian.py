@@ -140,6 +140,43 @@ def test_nested_vmap_and_vmap_of_grad_reach_the_flat_kernel():
   np.testing.assert_allclose(grads, array_grad, rtol=1e-14)
 
 
+def test_jit_of_vmap_traces_each_kernel_once(monkeypatch):
+  # Under jax.jit(jax.vmap(f)) the kernels with a batching rule are traced by the rule only,
+  # for the flattened batch (not first for one unbatched element as well); their placeholder
+  # primal (NaN) must never reach a result, also where only some arguments are batched, under
+  # a plain vmap and for an unbatched call after a batched one.
+  from jaxrdp import sampled_gaussian
+  traced = {"shared": [], "per_order": []}
+  shared, per_order = sampled_gaussian._quadrature_values, sampled_gaussian._log_j_flat
+  monkeypatch.setattr(sampled_gaussian, "_quadrature_values",
+                      lambda q, *a: traced["shared"].append(q.shape) or shared(q, *a))
+  monkeypatch.setattr(sampled_gaussian, "_log_j_flat",
+                      lambda q, *a: traced["per_order"].append(q.shape) or per_order(q, *a))
+  q = jnp.asarray([0.01, 0.2, 1e-3, 0.05, 0.3])
+  sigma = jnp.asarray([1.1, 2.0, 0.8, 3.0, 1.7])
+  orders = jnp.asarray([1.5, 2.0, 7.3, 64.0])
+  whole = jax.jit(lambda a, b: jaxrdp.compute_rdp(a, b, 1, orders))(q, sigma)
+  assert traced["shared"] == [(5,)]
+  traced["shared"].clear()
+  mapped = jax.jit(jax.vmap(lambda a, b: jaxrdp.compute_rdp(a, b, 1, orders)))(q, sigma)
+  assert traced["shared"] == [(5,)]
+  np.testing.assert_array_equal(mapped, whole)
+  half = jax.jit(jax.vmap(lambda a: jaxrdp.compute_rdp(a, 1.1, 1, orders)))(q)
+  steps = jax.jit(jax.vmap(lambda t: jaxrdp.compute_rdp(0.01, 1.1, t, orders)))(jnp.arange(3.0))
+  plain = jax.vmap(lambda a, b: jaxrdp.compute_rdp(a, b, 1, orders))(q, sigma)
+  single = jax.jit(lambda a, b: jaxrdp.compute_rdp(a, b, 1, orders))(q[:1], sigma[:1])
+  for got, want in ((half, jaxrdp.compute_rdp(q, 1.1, 1, orders)),
+                    (steps, jaxrdp.compute_rdp(0.01, 1.1, jnp.arange(3.0), orders)),
+                    (plain, whole), (single, whole[:1])):
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, want, rtol=1e-14)
+  alpha = jnp.asarray([70.5, 100.25])   # above the shared orders: the per-order kernel
+  traced["per_order"].clear()
+  by_element = jax.jit(jax.vmap(jaxrdp.log_a, in_axes=(0, 0, None)))(q, sigma, alpha[0])
+  assert traced["per_order"] == [(5,)]
+  np.testing.assert_allclose(by_element, jaxrdp.log_a(q, sigma, alpha[0]), rtol=1e-14)
+
+
 def test_gradient_matches_finite_differences_in_alpha():
   # d log A / d alpha (fractional and integer orders alike), central differences, float64.
   for q, sigma, alpha in [(0.01, 1.1, 4.7), (0.2, 2.0, 3.0), (1e-3, 0.8, 12.5)]:
