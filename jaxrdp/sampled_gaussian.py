@@ -808,7 +808,7 @@ def _terms(q, sigma, alpha, log_j=None):
 
 _MAX_INTEGER_ORDER = 4096    # integer orders up to this are summed exactly (O(alpha) terms)
 _SUM_BUCKETS = (64, 256, 1024, 4096)   # orders up to each are summed over k <= it
-_SUM_ELEMENTS = 1 << 22      # terms per step of the summation (bounds memory)
+_SUM_ELEMENTS = 1 << 24      # terms per step of the summation (bounds memory)
 _SHARED_MAX_ORDER = 64.0     # fractional orders up to this share one grid of nodes per group
 _SHARED_GROUP = 32           # orders per group (one window and one set of nodes per pair)
 _SHARED_SPAN = 4.0           # a group's orders lie in [a, max(2 a, a + _SHARED_SPAN)]
