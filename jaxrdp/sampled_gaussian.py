@@ -1251,29 +1251,29 @@ def _log_j_levels(q, sigma, orders):
   j = jnp.arange(_LEVEL_NODES, dtype=dtype)
   ex = lambda v: v[:, None, None]
   log_half_2pi = 0.5 * math.log(2 * math.pi)
-  # Two packed matrices (one gather per step, one scatter). Fixed per row: q sigma lo log q
+  # One packed matrix (one gather per step, one scatter). Fixed per row: q sigma lo log q
   # log(1-q) log sigma 1/(2 sigma^2) | alphas and their constants (_order_constants). State per
   # row: level being built, its block, the blocks of the level, its step and log step, and the
   # rates of _assess at that step (exp(-pi^2 sigma^2/h), exp(-1.5 pi^2 sigma^2/h^2), whose max
   # is rho_h, and rho_2h; halving h squares the first, raises the second to the 4th power) |
   # per order: the midpoint sum so far, the sum and the rule of the last complete level, the
-  # rule of the one before (all relative to ref), log J, failed, m_ref, ref, the edge value.
-  # Everything the body needs per row is a column: no division, logarithm or exponential of a
+  # rule of the one before (all relative to ref), log J, failed, m_ref, ref, the edge value |
+  # whether the row is pending. Everything the body needs per row is a column: no division, logarithm or exponential of a
   # row's scalars in the loop (each would be a kernel of its own, evaluated before the
   # broadcast over nodes and orders).
   n_fixed, n_counters = 7, 8
-  # Each matrix is one kernel: per-row columns computed by _select_columns, the rest placed
-  # by padding with zeros and adding (exact).
+  width = n_fixed + 5 * g   # the fixed columns; then the state, then whether the row is pending
+  # The matrix is one kernel: per-row columns computed by _select_columns, placed by padding
+  # with zeros and adding (exact), with the orders' columns and a constant row.
   wide = lambda v, k: jnp.broadcast_to(v[:, None], (r, k))
   q_, s_ = wide(q, n_fixed), wide(sigma, n_fixed)
   x = _select_columns([q_, s_, wide(lo, n_fixed), q_, -q_, s_, s_])
-  per_row = _select_columns([x, x, x, jnp.log(x), jnp.log1p(x), jnp.log(x), 0.5 / (x * x)])
-  fixed = jnp.pad(per_row, ((0, 0), (0, 5 * g))) + jnp.pad(orders, ((0, 0), (n_fixed, 0)))
-  # The initial state: a constant row (level 0, block 0, blocks 0.5; per order: zeros, log J
-  # +inf, failed 1) plus each row's step (level 0: every second node of the 129-node grid),
-  # log step and rates in columns 3 to 7.
-  template = np.concatenate([[0.0, 0.0, 0.5], np.zeros(5), np.zeros(4 * g), np.full(g, np.inf),
-                             np.ones(g), np.zeros(3 * g)]).astype(dtype)
+  fixed = _select_columns([x, x, x, jnp.log(x), jnp.log1p(x), jnp.log(x), 0.5 / (x * x)])
+  # The constant row: zero fixed columns; level 0, block 0, blocks 0.5, then the row's step
+  # (level 0: every second node of the 129-node grid), log step and rates in columns 3 to 7;
+  # per order: zeros, log J +inf, failed 1; pending 1.
+  template = np.concatenate([np.zeros(width), [0.0, 0.0, 0.5], np.zeros(5), np.zeros(4 * g),
+                             np.full(g, np.inf), np.ones(g), np.zeros(3 * g), [1.0]]).astype(dtype)
   # Step, log step, then the exponents of the rates at the step, (a, b) = (-pi^2 sigma^2/h,
   # -1.5 pi^2 sigma^2/h^2), and at twice the step, (a/2, b/4).
   step0, s2 = wide(2 * h, 6), wide(sigma * sigma, 6)
@@ -1284,20 +1284,21 @@ def _log_j_levels(q, sigma, orders):
   x = _select_columns([x, jnp.log(x), jnp.exp(x), jnp.exp(x), jnp.exp(x), jnp.exp(x)])
   rho_coarse = jnp.maximum(x[:, :5], x[:, 1:])   # column 4: max(e^(a/2), e^(b/4))
   per_row = _where(np.arange(5) == 4, rho_coarse, x[:, :5])
-  state = jnp.pad(per_row, ((0, 0), (3, template.size - n_counters))) + template
+  pad = lambda v, start: jnp.pad(v, ((0, 0), (start, template.size - start - v.shape[1])))
+  packed = pad(fixed, 0) + pad(orders, n_fixed) + pad(per_row, width + 3) + template
   cell = lambda m, k: m[:, n_counters + k * g:n_counters + (k + 1) * g]   # k-th per-order block
 
   compact = r > cap   # otherwise every row is in every step (no gather, no scatter)
 
-  def body(carry):
-    state, pending = carry
+  def body(packed):
+    pending = packed[:, -1] > 0
     if compact:
       order = jnp.argsort(~pending, stable=True)[:cap]   # pending rows first (a stable sort
-      idx = _where(pending[order], order, r)          # compiles faster than jnp.nonzero)
-      take = jnp.minimum(idx, r - 1)
-      fx, st = fixed[take], state[take]
+      rows = packed[order]                              # compiles faster than jnp.nonzero)
+      idx = _where(rows[:, -1] > 0, order, r)
     else:   # the barrier keeps XLA from hoisting each per-order constant out of the loop
-      fx, st = lax.optimization_barrier((fixed, state))   # as a kernel of its own
+      rows = lax.optimization_barrier(packed)   # as a kernel of its own
+    fx, st = rows[:, :width], rows[:, width:]
     q_, s_, lo_, log_q_, log1m_q_, log_s_, inv_2s2 = (fx[:, i] for i in range(n_fixed))
     alphas_, *constants = (fx[:, n_fixed + k * g:n_fixed + (k + 1) * g] for k in range(5))
     log_beta = constants[-1]
@@ -1366,14 +1367,14 @@ def _log_j_levels(q, sigma, orders):
     blocks = jnp.concatenate([_where(select, if_complete, otherwise),
                               jnp.stack([failed_now.astype(dtype), m_ref_, ref_, edge], axis=1)],
                              axis=1)
-    out = jnp.concatenate([counters, blocks.reshape(cap, 9 * g)], axis=-1)
+    out = jnp.concatenate([counters, blocks.reshape(cap, 9 * g), (~done)[:, None].astype(dtype)],
+                          axis=-1)
     if not compact:   # rows done before this step keep their state
-      return _where(pending[:, None], out, state), pending & ~done
-    keep = _where(idx < r, idx, r)   # out-of-range writes are dropped
-    return state.at[keep].set(out, mode="drop"), pending.at[keep].set(~done, mode="drop")
+      return lax.dynamic_update_slice(packed, _where(pending[:, None], out, st), (0, width))
+    return packed.at[idx, width:].set(out, mode="drop")   # out-of-range writes are dropped
 
-  state, _ = lax.while_loop(lambda c: jnp.any(c[1]), body, (state, jnp.ones((r,), bool)))
-  return cell(state, 4)
+  packed = lax.while_loop(lambda p: jnp.any(p[:, -1] > 0), body, packed)
+  return cell(packed[:, width:], 4)
 
 
 def _shared_values(q, sigma, alphas, groups, tangents=None):
