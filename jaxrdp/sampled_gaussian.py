@@ -1041,7 +1041,9 @@ def _select_columns(columns, axis=-1):
   arguments first and apply each function to the whole selection (see :func:`_log_j_levels`):
   a function of a broadcast per-row value is moved before the broadcast by XLA, where it is
   a kernel of its own."""
-  column = lax.broadcasted_iota(np.int32, columns[0].shape, axis % columns[0].ndim)
+  shape, axis = columns[0].shape, axis % columns[0].ndim
+  # A NumPy constant: an iota would be a kernel of its own where it feeds a loop.
+  column = np.arange(shape[axis]).reshape((-1,) + (1,) * (len(shape) - 1 - axis))
   out = columns[-1]
   for i in range(len(columns) - 2, -1, -1):
     out = _where(column == i, columns[i], out)
@@ -1248,7 +1250,7 @@ def _log_j_levels(q, sigma, orders):
   lo, h = _shared_span(q, sigma, alphas)
   cap = min(r, _LEVEL_ROWS)
   weights = jnp.asarray(_level_weights(), dtype)
-  j = jnp.arange(_LEVEL_NODES, dtype=dtype)
+  j = np.arange(_LEVEL_NODES).astype(dtype)   # constants (an iota would be a kernel)
   ex = lambda v: v[:, None, None]
   log_half_2pi = 0.5 * math.log(2 * math.pi)
   # One packed matrix (one gather per step, one scatter). Fixed per row: q sigma lo log q
@@ -1290,12 +1292,14 @@ def _log_j_levels(q, sigma, orders):
 
   compact = r > cap   # otherwise every row is in every step (no gather, no scatter)
 
-  def body(packed):
+  def body(carry):
+    packed, left = carry
     pending = packed[:, -1] > 0
     if compact:
       order = jnp.argsort(~pending, stable=True)[:cap]   # pending rows first (a stable sort
       rows = packed[order]                              # compiles faster than jnp.nonzero)
-      idx = _where(rows[:, -1] > 0, order, r)
+      valid = rows[:, -1] > 0
+      idx = _where(valid, order, r)
     else:   # the barrier keeps XLA from hoisting each per-order constant out of the loop
       rows = lax.optimization_barrier(packed)   # as a kernel of its own
     fx, st = rows[:, :width], rows[:, width:]
@@ -1369,11 +1373,17 @@ def _log_j_levels(q, sigma, orders):
                              axis=1)
     out = jnp.concatenate([counters, blocks.reshape(cap, 9 * g), (~done)[:, None].astype(dtype)],
                           axis=-1)
+    # The rows left pending, counted down here (read from the output, so that the test is not
+    # compiled twice): the loop's condition is then one comparison, not a reduction over all
+    # rows (kernels of their own).
+    finished = out[:, -1] == 0
     if not compact:   # rows done before this step keep their state
-      return lax.dynamic_update_slice(packed, _where(pending[:, None], out, st), (0, width))
-    return packed.at[idx, width:].set(out, mode="drop")   # out-of-range writes are dropped
+      left = left - jnp.sum(pending & finished, dtype=np.int32)
+      return lax.dynamic_update_slice(packed, _where(pending[:, None], out, st), (0, width)), left
+    left = left - jnp.sum(valid & finished, dtype=np.int32)
+    return packed.at[idx, width:].set(out, mode="drop"), left   # out-of-range writes are dropped
 
-  packed = lax.while_loop(lambda p: jnp.any(p[:, -1] > 0), body, packed)
+  packed, _ = lax.while_loop(lambda c: c[1] > 0, body, (packed, np.int32(r)))
   return cell(packed[:, width:], 4)
 
 
