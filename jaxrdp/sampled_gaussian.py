@@ -772,9 +772,10 @@ def _generic(q, sigma, alpha):
           _where(generic, alpha, 2.0))
 
 
-def _terms(q, sigma, alpha, log_j=None):
+def _terms(q, sigma, alpha, log_j=None, inv_2s2=None):
   """Special cases around the generic kernel, with double-where for NaN-free gradients.
-  ``log_j``: log J at the generic stand-ins of :func:`_generic` (default: the quadrature)."""
+  ``log_j``: log J at the generic stand-ins of :func:`_generic` (default: the quadrature);
+  ``inv_2s2``: 1/(2 sigma^2) where sigma > 0 (1/2 elsewhere), if already computed."""
   generic, q_g, s_g, a_g = _generic(q, sigma, alpha)
   if log_j is None:
     log_j = _log_j(q_g, s_g, a_g)
@@ -788,10 +789,12 @@ def _terms(q, sigma, alpha, log_j=None):
   log_a_gen = _where(failed, inf, log_a_gen)
   rdp_gen = _where(failed, inf, rdp_gen)
 
-  s_pos = _where(sigma > 0, sigma, 1.0)
+  if inv_2s2 is None:
+    s_pos = _where(sigma > 0, sigma, 1.0)
+    inv_2s2 = 1 / (2 * s_pos * s_pos)
   a_fin = _where(jnp.isfinite(alpha), alpha, 2.0)
-  log_a_q1 = a_fin * (a_fin - 1) / (2 * s_pos * s_pos)
-  rdp_q1 = a_fin / (2 * s_pos * s_pos)
+  log_a_q1 = a_fin * (a_fin - 1) * inv_2s2
+  rdp_q1 = a_fin * inv_2s2
 
   zero = jnp.zeros_like(q)
   blows_up = (sigma == 0) | ~jnp.isfinite(alpha)
@@ -875,15 +878,15 @@ def order_tables(orders, split):
                for pos, k_max in split.sums)
 
 
-def _log_expm1_of_square(k, sigma):
-  """log(e^c - 1) for c = k(k-1)/(2 sigma^2), k >= 2. Where c is below 1e-8 it is
-  log c + c/2 (within 1e-17 relative), with log c taken from log sigma: for huge sigma c
-  underflows (float64 above ~1e154, float32 above ~1e19), and e^c - 1 = 0 would make the
-  result +inf instead of the tiny true value."""
+def _log_expm1_of_square(k, log_sigma, inv_s2):
+  """log(e^c - 1) for c = k(k-1)/(2 sigma^2), k >= 2 (from log sigma and 1/sigma^2). Where
+  c is below 1e-8 it is log c + c/2 (within 1e-17 relative), with log c taken from log
+  sigma: for huge sigma c underflows (float64 above ~1e154, float32 above ~1e19), and
+  e^c - 1 = 0 would make the result +inf instead of the tiny true value."""
   half = k * (k - 1) / 2   # k: a NumPy array (constants: no kernel of their own); exact
-  c = half.astype(sigma.dtype) / (sigma * sigma)
+  c = half.astype(inv_s2.dtype) * inv_s2
   tiny = c < 1e-8
-  log_c = np.log(half).astype(sigma.dtype) - 2 * jnp.log(sigma)
+  log_c = np.log(half).astype(inv_s2.dtype) - 2 * log_sigma
   c_safe = _where(tiny, 1.0, c)
   return _where(tiny, log_c + c / 2, c_safe + jnp.log(-jnp.expm1(-c_safe)))
 
@@ -973,30 +976,45 @@ def _in_row_blocks(fn, rows, *arrays):
   return jax.tree_util.tree_map(lambda v: v.reshape((n_blocks * rows,) + v.shape[2:])[:n], out)
 
 
-def _per_pair_terms(q, sigma, k_max):
+def _pair_constants(q, sigma, sigma_raw):
+  """(log q, log sigma), log(1 - q), (1/sigma^2, 1/(2 sigma_raw^2)) for the generic
+  stand-ins q, sigma (n,) and sigma_raw (1/2 where sigma_raw = 0), shapes (n, 2), (n, 1),
+  (n, 2): each function once on the columns it serves (:func:`_select_columns`). XLA computes
+  each as a kernel of its own wherever it is used (an expensive function of a per-pair value
+  that is broadcast), so three kernels rather than five."""
+  wide = lambda v: jnp.broadcast_to(v[:, None], v.shape + (2,))
+  s_raw = wide(_where(sigma_raw > 0, sigma_raw, 1.0))
+  logs = jnp.log(_select_columns([wide(q), wide(sigma)]))
+  reciprocals = 1 / _select_columns([wide(sigma * sigma), 2 * s_raw * s_raw])
+  return logs, jnp.log1p(-q)[:, None], reciprocals
+
+
+def _per_pair_terms(pair, k_max):
   """k log(q / (1 - q)) + log(e^{k(k-1)/(2 sigma^2)} - 1) for k = 0 .. k_max (k < 2 as k = 2:
-  their binomial coefficients are -inf), shape (n, k_max + 1), for q, sigma of shape (n, 1);
-  and log(1 - q)."""
+  their binomial coefficients are -inf), shape (n, k_max + 1), from :func:`_pair_constants`;
+  and log(1 - q), shape (n, 1)."""
   k = np.arange(k_max + 1, dtype=np.float64)
-  log_q, log1m_q = jnp.log(q), jnp.log1p(-q)
-  per_pair = k.astype(q.dtype) * (log_q - log1m_q) + _log_expm1_of_square(np.maximum(k, 2.0), sigma)
+  (logs, log1m_q, reciprocals) = pair
+  log_q, log_sigma, inv_s2 = logs[:, :1], logs[:, 1:], reciprocals[:, :1]
+  per_pair = (k.astype(log_q.dtype) * (log_q - log1m_q)
+              + _log_expm1_of_square(np.maximum(k, 2.0), log_sigma, inv_s2))
   return per_pair, log1m_q
 
 
-def _integer_orders(q, sigma, alphas, tables):
-  """log J (n, m) for flat generic q, sigma (n,) at the integer orders of every bucket of the
-  split (``alphas``: one array per bucket, ``tables``: their log-binomial tables (m_b,
-  k_max + 1) from :func:`order_tables`), concatenated. The per-pair terms are computed once,
-  up to the largest bucket."""
-  tables = [t.astype(q.dtype) for t in tables]
+def _integer_orders(pair, alphas, tables):
+  """log J (n, m) at the integer orders of every bucket of the split for flat generic q,
+  sigma given by their :func:`_pair_constants` ``pair`` (``alphas``: one array per
+  bucket, ``tables``: their log-binomial tables (m_b, k_max + 1) from :func:`order_tables`),
+  concatenated. The per-pair terms are computed once, up to the largest bucket."""
+  tables = [t.astype(pair[0].dtype) for t in tables]
   k_max = max(t.shape[1] for t in tables) - 1
 
-  def block(qs):
-    per_pair, log1m_q = _per_pair_terms(qs[0][:, None], qs[1][:, None], k_max)
+  def block(pairs):
+    per_pair, log1m_q = _per_pair_terms(pairs, k_max)
     return _log_j_integer(per_pair, log1m_q, alphas, tables)
 
   terms = sum(t.shape[0] * t.shape[1] for t in tables)
-  return _in_row_blocks(block, max(1, _SUM_ELEMENTS // terms), q, sigma)
+  return _in_row_blocks(block, max(1, _SUM_ELEMENTS // terms), *pair)
 
 
 def _grid_nodes(z, inv_2s2, log_q, log1m_q, q):
@@ -1520,6 +1538,7 @@ def log_a_and_rdp_at_orders(q, sigma, orders, split=None, tables=None, fallback=
   qf, sf, orders = qf.astype(dtype), sf.astype(dtype), orders.astype(dtype)
   generic = (qf > 0) & (qf < 1) & (sf > 0)
   qg, sg_ = _where(generic, qf, 0.5), _where(generic, sf, 1.0)
+  pair = _pair_constants(qg, sg_, sf)   # per-pair logarithms and reciprocals, one kernel
   # log J of every order at the generic stand-ins, then one _terms for the whole grid: the
   # orders are taken in the split's order (the exact sums' buckets, then the rest) by one
   # gather, and the results put back by one.
@@ -1532,7 +1551,7 @@ def log_a_and_rdp_at_orders(q, sigma, orders, split=None, tables=None, fallback=
   log_js, pendings = [], []
   if positions:
     starts = np.cumsum([0] + [p.size for p in positions])
-    log_js.append(_integer_orders(qg, sg_, [permuted[a:b] for a, b in zip(starts[:-1], starts[1:])],
+    log_js.append(_integer_orders(pair, [permuted[a:b] for a, b in zip(starts[:-1], starts[1:])],
                                   tables))
     pendings.append(jnp.zeros((qf.shape[0], placed.size), bool))
   if rest.size:
@@ -1544,7 +1563,7 @@ def log_a_and_rdp_at_orders(q, sigma, orders, split=None, tables=None, fallback=
     log_js.append(log_j)
     pendings.append(generic[:, None] & usable[None, :] & ~jnp.isfinite(log_j))
   log_j = jnp.concatenate(log_js, axis=-1) if len(log_js) > 1 else log_js[0]
-  log_a, rdp = _terms(qf[:, None], sf[:, None], permuted[None, :], log_j)
+  log_a, rdp = _terms(qf[:, None], sf[:, None], permuted[None, :], log_j, pair[2][:, 1:])
   outputs = [log_a, rdp]
   if not fallback:
     pending = jnp.concatenate(pendings, axis=-1) if len(pendings) > 1 else pendings[0]
