@@ -613,7 +613,7 @@ def _rule_only_when_batched(kernel):
   placeholder (NaN of the output's shape) is never evaluated: the rule's result replaces it."""
   @functools.wraps(kernel)
   def call(*args):
-    if not any(_compile.batched(x) for x in args):
+    if not any(_compile.batched(x) for x in jax.tree_util.tree_leaves(args)):
       return kernel(*args)
     _PRIMAL.skip = True
     try:
@@ -1533,9 +1533,62 @@ def log_a_and_rdp_at_orders(q, sigma, orders, split=None, tables=None, fallback=
   if split is None:
     return _log_a_and_rdp_jit(q[..., None], sigma[..., None], orders)
   batch = q.shape
-  qf, sf = q.reshape(-1), sigma.reshape(-1)
-  dtype = jnp.result_type(qf, sf, orders)
-  qf, sf, orders = qf.astype(dtype), sf.astype(dtype), orders.astype(dtype)
+  dtype = jnp.result_type(q, sigma, orders)
+  qf, sf = (v.reshape(-1).astype(dtype) for v in (q, sigma))
+  tables = tuple(jnp.asarray(t, dtype) for t in tables or ())
+  if any(_compile.batched(v) for v in (q, sigma)):   # under jax.vmap: flattened by its rule
+    stacked = _at_orders_kernel(split, fallback)(qf, sf, orders.astype(dtype), tables)
+  else:   # (the wrappers cost tracing and lowering time where they are not needed)
+    stacked = _at_orders_flat(qf, sf, orders.astype(dtype), tables, split, fallback)
+  shape = batch + orders.shape
+  if fallback:
+    return stacked[0].reshape(shape), stacked[1].reshape(shape)
+  return stacked[0].reshape(shape), stacked[1].reshape(shape), (stacked[2] > 0).reshape(shape)
+
+
+@functools.lru_cache(maxsize=None)
+def _at_orders_kernel(split, fallback):
+  """:func:`_at_orders_flat` for one static split, with a batching rule that flattens a
+  vmapped batch of pairs into the same flat computation (so that ``jax.jit(jax.vmap(f))``
+  traces and runs the code of ``f`` on whole arrays), and its derivatives those of the same
+  code (``jax.custom_batching.custom_vmap`` has no reverse mode of its own)."""
+  plain = lambda qf, sf, orders, tables: _at_orders_flat(qf, sf, orders, tables, split, fallback)
+
+  @jax.custom_batching.custom_vmap
+  def batched(qf, sf, orders, tables):
+    if _placeholder_primal():
+      return jnp.full((2 if fallback else 3, qf.shape[0], orders.shape[0]), jnp.nan, qf.dtype)
+    return plain(qf, sf, orders, tables)
+
+  @batched.def_vmap
+  def _rule(axis_size, in_batched, qf, sf, orders, tables):
+    if in_batched[2] or any(jax.tree_util.tree_leaves(in_batched[3])):
+      axes = (0 if in_batched[0] else None, 0 if in_batched[1] else None,
+              0 if in_batched[2] else None, tuple(0 if b else None for b in in_batched[3]))
+      return jax.vmap(plain, in_axes=axes)(qf, sf, orders, tables), True
+    qf, sf = (x if b else jnp.broadcast_to(x, (axis_size,) + x.shape)
+              for x, b in zip((qf, sf), in_batched[:2]))
+    out = batched(qf.reshape(-1), sf.reshape(-1), orders, tables)
+    out = out.reshape(out.shape[:1] + qf.shape + out.shape[-1:])
+    return jnp.moveaxis(out, 1, 0), True
+
+  call = _rule_only_when_batched(batched)
+
+  @jax.custom_jvp
+  def kernel(qf, sf, orders, tables):
+    return call(qf, sf, orders, tables)
+
+  @kernel.defjvp
+  def _jvp(primals, tangents):
+    return jax.jvp(plain, primals, tangents)
+
+  return kernel
+
+
+def _at_orders_flat(qf, sf, orders, tables, split, fallback):
+  """(log A, RDP[, pending]) stacked, (2 or 3, n, m), for flat q, sigma (n,) and the orders
+  (m,) of ``split``: see :func:`log_a_and_rdp_at_orders`."""
+  dtype = qf.dtype
   generic = (qf > 0) & (qf < 1) & (sf > 0)
   qg, sg_ = _where(generic, qf, 0.5), _where(generic, sf, 1.0)
   pair = _pair_constants(qg, sg_, sf)   # per-pair logarithms and reciprocals, one kernel
@@ -1569,12 +1622,7 @@ def log_a_and_rdp_at_orders(q, sigma, orders, split=None, tables=None, fallback=
     pending = jnp.concatenate(pendings, axis=-1) if len(pendings) > 1 else pendings[0]
     outputs.append(pending.astype(dtype))
   stacked = jnp.stack(outputs)
-  if not identity:
-    stacked = stacked[:, :, np.argsort(perm)]
-  shape = batch + orders.shape
-  if fallback:
-    return stacked[0].reshape(shape), stacked[1].reshape(shape)
-  return stacked[0].reshape(shape), stacked[1].reshape(shape), (stacked[2] > 0).reshape(shape)
+  return stacked if identity else stacked[:, :, np.argsort(perm)]
 
 
 def fill_pending(rdp, pending, q, sigma, orders, steps=1.0):

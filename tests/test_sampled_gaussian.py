@@ -170,6 +170,15 @@ def test_jit_of_vmap_traces_each_kernel_once(monkeypatch):
                     (plain, whole), (single, whole[:1])):
     assert np.all(np.isfinite(got))
     np.testing.assert_allclose(got, want, rtol=1e-14)
+  # Derivatives of the batched form: those of the whole-array call.
+  total = lambda a, b: jnp.sum(jaxrdp.compute_rdp(a, b, 1, orders))
+  want = jax.grad(total, argnums=(0, 1))(q, sigma)
+  for transform in (jax.vmap, lambda f: jax.jit(jax.vmap(f))):
+    got = transform(jax.grad(total, argnums=(0, 1)))(q, sigma)
+    for g, w in zip(got, want):
+      np.testing.assert_allclose(g, w, rtol=1e-12)
+    tangent = transform(lambda a, b: jax.jvp(lambda s_: total(a, s_), (b,), (1.0,))[1])(q, sigma)
+    np.testing.assert_allclose(tangent, want[1], rtol=1e-12)
   alpha = jnp.asarray([70.5, 100.25])   # above the shared orders: the per-order kernel
   traced["per_order"].clear()
   by_element = jax.jit(jax.vmap(jaxrdp.log_a, in_axes=(0, 0, None)))(q, sigma, alpha[0])
