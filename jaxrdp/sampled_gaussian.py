@@ -1073,7 +1073,13 @@ def _order_block(alphas):
   :func:`_order_constants`, g columns each (one kernel)."""
   g = alphas.shape[-1]
   a = jnp.broadcast_to(alphas[..., None, :], alphas.shape[:-1] + (5, g))
-  return _select_columns([a, *_order_constants(a)], axis=-2).reshape(alphas.shape[:-1] + (5 * g,))
+  # The constants of _order_constants, with each function's arguments selected first (see
+  # _select_columns): x_s = min(0.1, 0.5/alpha), then log x_s, log(alpha/2), log(alpha - 1).
+  one = jnp.ones_like(a)
+  x_small = jnp.minimum(_SERIES_RADIUS, 0.5 / _select_columns([one, a, a, one, one], axis=-2))
+  logs = jnp.log(_select_columns([a, x_small, x_small, a / 2, _where(a > 1, a - 1, 1.0)], axis=-2))
+  block = _select_columns([a, x_small, logs, logs, logs], axis=-2)
+  return block.reshape(alphas.shape[:-1] + (5 * g,))
 
 
 def _grid_terms(nodes, inv_2s2, alpha, m_ref, exponent_only=False, constants=None):
