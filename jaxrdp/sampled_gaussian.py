@@ -846,7 +846,13 @@ def order_split(orders):
   """:class:`OrderSplit` of a concrete 1-D order array; None when ``orders`` is traced."""
   if isinstance(orders, jax.core.Tracer):
     return None
-  a = np.asarray(orders, np.float64).reshape(-1)
+  # Remembered per grid: searches and calibrations ask for it at every call.
+  return _order_split(np.asarray(orders, np.float64).reshape(-1).tobytes())
+
+
+@functools.lru_cache(maxsize=64)
+def _order_split(key):
+  a = np.frombuffer(key, np.float64)
   with np.errstate(invalid="ignore"):
     integer = (a == np.round(a)) & (a >= 2) & (a <= _MAX_INTEGER_ORDER)
     shared = (a > 1) & (a <= _SHARED_MAX_ORDER) & ~integer & np.isfinite(a)
