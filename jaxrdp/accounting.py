@@ -457,7 +457,9 @@ def _safe_boundary(g, s0, s_min, s_max):
   compiled graph): first a bracket, walking from s0 in steps of 1.5, then regula falsi with the
   Illinois modification (superlinear), falling back to bisection when an end is infinite or
   the interpolated point leaves the bracket. Stops when the bracket is narrower than 1e-9
-  (or than a few ulps of its dtype).
+  (or than a few ulps of its dtype); a point within half of that of an end is moved to half
+  of it from that end, so that an accurate interpolation closes the bracket with its next
+  evaluation rather than two more (as in Brent's method).
   Returns (s, found, open): s is always a point where g was evaluated and found ≤ 0, or
   s_min when g(s_min) ≤ 0; found is false when even g(s_max) > 0. ``g`` returns its value and
   a flag (a value it used was left open, see :func:`_grid_values`); ``open``: any flag.
@@ -491,9 +493,18 @@ def _boundary_point(state, s0, s_min, s_max, xp):
     interp = hi - f_hi * (hi - lo) / (f_hi - f_lo)
     bisect = ~xp.isfinite(f_lo) | ~xp.isfinite(f_hi) | ~((interp > lo) & (interp < hi))
     both = xp.where(bisect, 0.5 * (lo + hi), interp)
+    half = 0.5 * _bracket_tolerance(hi, xp)   # the bracket is wider than twice this
+    both = xp.minimum(xp.maximum(both, lo + half), hi - half)
   up = xp.minimum(xp.where(have_lo, lo + 1.5, s0), s_max)
   down = xp.maximum(xp.where(have_hi, hi - 1.5, s0), s_min)
   return xp.where(have_lo & have_hi, both, xp.where(have_hi, down, up)).astype(lo.dtype)
+
+
+def _bracket_tolerance(hi, xp):
+  """The width at which :func:`_safe_boundary`'s bracket stops: 1e-9, or a few ulps where the
+  dtype cannot resolve 1e-9 (float32: otherwise the search would run its 200 steps without
+  moving)."""
+  return xp.maximum(1e-9, 4 * float(np.finfo(hi.dtype).eps) * xp.maximum(1.0, xp.abs(hi)))
 
 
 def _boundary_update(state, x, gx, open_x, s_min, s_max, xp):
@@ -507,11 +518,8 @@ def _boundary_update(state, x, gx, open_x, s_min, s_max, xp):
   new_f_hi = xp.where(ok, gx, xp.where(side == 1, f_hi / 2, f_hi))
   lo, hi = xp.where(ok, lo, x), xp.where(ok, x, hi)
   found = xp.isfinite(hi)
-  # The bracket stops at 1e-9, or at a few ulps where the dtype cannot resolve 1e-9 (float32:
-  # otherwise the search would run its 200 steps without moving).
-  tol = xp.maximum(1e-9, 4 * float(np.finfo(lo.dtype).eps) * xp.maximum(1.0, xp.abs(hi)))
   done = ((~ok & (x >= s_max)) | (ok & (x <= s_min))
-          | (xp.isfinite(lo) & found & (hi - lo < tol)))
+          | (xp.isfinite(lo) & found & (hi - lo < _bracket_tolerance(hi, xp))))
   side = xp.where(ok, -1, 1).astype(np.int32)
   return (lo, hi, new_f_lo, new_f_hi, side, done, found, count + 1, is_open | open_x)
 
