@@ -29,13 +29,14 @@ def epsilon(q, sigma, steps, delta, orders=jaxrdp.DEFAULT_ORDERS):
 
 
 def dp_accounting_epsilon(q, sigma, steps, delta):
+  """dp_accounting's RDP accountant (its public API, its default orders)."""
   try:
-    from dp_accounting.rdp import rdp_privacy_accountant as dpa
+    import dp_accounting
+    from dp_accounting.rdp import RdpAccountant
   except ImportError:
     return None
-  orders = np.array([1 + x / 10 for x in range(1, 100)] + list(range(11, 64)) + [128, 256, 512, 1024])
-  rdp = dpa._compute_rdp_poisson_subsampled_gaussian(q, sigma, orders) * steps
-  return dpa.compute_epsilon(orders, rdp, delta)[0]
+  event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))
+  return RdpAccountant().compose(event, steps).get_epsilon(delta)
 
 
 def main():

@@ -50,8 +50,6 @@ jax.config.update("jax_enable_x64", True)  # example script only; the library ne
 import optax  # noqa: E402
 
 import jaxrdp  # noqa: E402
-from jaxrdp.relative_gaussian import rdp_relative_gaussian  # noqa: E402
-from jaxrdp.relative_gaussian_transform import relative_gaussian_noise  # noqa: E402
 
 ORDERS = jnp.asarray(jaxrdp.DEFAULT_ORDERS)
 CLIP_FACTORS = (0.1, 1.0, 10.0)
@@ -88,7 +86,7 @@ def relative_sensitivity(x, y, a, b, reg, mode, x_bound, y_bound):
 
 
 def epsilon_rgm(gamma, eta, dim, steps, delta):
-  rdp = steps * rdp_relative_gaussian(ORDERS, eta, gamma, dim)
+  rdp = steps * jaxrdp.rdp_relative_gaussian(ORDERS, eta, gamma, dim)
   return float(jaxrdp.compute_epsilon(ORDERS, rdp, delta)[0])
 
 
@@ -172,7 +170,7 @@ def main(argv=None):
   c_star = np.max(np.linalg.norm(per_example_star, axis=1))
 
   def rgm_curve(key):
-    tx = optax.chain(relative_gaussian_noise(eta, gamma, sigma, key, r_rel=r_rel), optax.sgd(lr))
+    tx = optax.chain(jaxrdp.relative_gaussian_noise(eta, gamma, sigma, key, r_rel=r_rel), optax.sgd(lr))
     def step(th, st):
       upd, st = tx.update(grad(th), st, th)
       return optax.apply_updates(th, upd), st

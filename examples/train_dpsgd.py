@@ -32,8 +32,7 @@ import jax.numpy as jnp
 import optax
 from tqdm.auto import tqdm
 
-from jaxrdp.sampling import poisson_max_batch_size, poisson_sample, poisson_truncation_delta
-from jaxrdp.transform import dpsgd, privacy_spent
+import jaxrdp
 
 
 def load_digits(seed: int, test_fraction: float = 0.2):
@@ -78,10 +77,10 @@ def train_private(args, train, test, progress=True):
   n = x_train.shape[0]
   q = args.batch_size / n
   steps_per_epoch = max(1, args.steps_per_epoch or math.ceil(n / args.batch_size))
-  max_batch = poisson_max_batch_size(n, q, args.overflow_probability)
+  max_batch = jaxrdp.poisson_max_batch_size(n, q, args.overflow_probability)
   key = jax.random.key(args.seed)
   params = init_mlp(jax.random.fold_in(key, 1), (x_train.shape[1], args.hidden, 10))
-  opt = dpsgd(args.lr, args.clip, args.sigma, jax.random.fold_in(key, 2), sampling_rate=q,
+  opt = jaxrdp.dpsgd(args.lr, args.clip, args.sigma, jax.random.fold_in(key, 2), sampling_rate=q,
               expected_batch_size=float(args.batch_size), momentum=args.momentum)
   state = opt.init(params)
   per_example = jax.vmap(jax.grad(example_loss), in_axes=(None, 0, 0))
@@ -90,7 +89,7 @@ def train_private(args, train, test, progress=True):
   def epoch(params, state, key):
     def step(carry, k):
       params, state = carry
-      idx, mask = poisson_sample(k, n, q, max_batch, max_overflow_probability=args.overflow_probability)
+      idx, mask = jaxrdp.poisson_sample(k, n, q, max_batch, max_overflow_probability=args.overflow_probability)
       grads = per_example(params, x_train[idx], y_train[idx])
       updates, state = opt.update(grads, state, params, mask=mask)
       return (optax.apply_updates(params, updates), state), None
@@ -101,8 +100,8 @@ def train_private(args, train, test, progress=True):
   bar = tqdm(range(1, args.epochs + 1), desc="DP-SGD", disable=not progress)
   for e in bar:
     params, state = epoch(params, state, jax.random.fold_in(key, 1000 + e))
-    eps = float(privacy_spent(state, args.delta)[0])
-    extra = poisson_truncation_delta(n, q, max_batch, e * steps_per_epoch, eps)
+    eps = float(jaxrdp.privacy_spent(state, args.delta)[0])
+    extra = jaxrdp.poisson_truncation_delta(n, q, max_batch, e * steps_per_epoch, eps)
     acc = accuracy(params, test[0], test[1])
     history.append((e, acc, eps, args.delta + extra))
     bar.set_postfix(acc=f"{acc:.3f}", eps=f"{eps:.2f}")

@@ -1,8 +1,11 @@
 r"""DP-SGD as optax transforms, with a Rényi-DP accountant in the optimizer state.
 
-:func:`differentially_private_aggregate` is a drop-in replacement for
-``optax.contrib.differentially_private_aggregate`` (same first three positional arguments)
-that implements DP-SGD with Poisson sampling (Abadi et al. 2016, Alg. 1):
+:func:`differentially_private_aggregate` takes the first three positional arguments of
+``optax.contrib.differentially_private_aggregate`` (clipping norm, noise multiplier, and the
+seed's position, which takes a PRNG key; an int is still accepted) plus two required keywords,
+``sampling_rate`` and ``expected_batch_size``, without which the accountant could not know the
+mechanism: a call written for optax stops with a ``TypeError`` naming them. It implements
+DP-SGD with Poisson sampling (Abadi et al. 2016, Alg. 1):
 
 .. math:: \tilde g_t = \frac{1}{b}\Big(\sum_{i \in B_t} \mathrm{clip}_C(g_i) + \mathcal N(0, \sigma^2 C^2 I)\Big),
 
