@@ -78,6 +78,12 @@ def check_int(name: str, x, *, lo: int, hi: int | None = None) -> int:
   return int(x)
 
 
+def check_choice(name: str, value, choices: tuple) -> None:
+  """ValueError naming the argument, the allowed values and the value given."""
+  if value not in choices:
+    raise ValueError(f"{name} must be one of {choices}, got {value!r}.")
+
+
 def as_float_array(x) -> jax.Array:
   """Convert to a JAX floating array, keeping float32/float64 as given (ints become the default
   float). Conversions of concrete values happen on the host: an eager JAX op would compile."""

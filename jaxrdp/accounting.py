@@ -38,6 +38,7 @@ import numpy as np
 from jaxrdp import _compile
 from jaxrdp import _validation
 from jaxrdp import composition
+from jaxrdp import conversion
 from jaxrdp import sampled_gaussian
 from jaxrdp import _order_search
 from jaxrdp._order_search import grid_epsilon
@@ -106,7 +107,7 @@ def _epsilon_at(q, sigma, t, delta, alpha):
 def dpsgd_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
                   steps: jax.typing.ArrayLike, delta: jax.typing.ArrayLike, *,
                   orders: jax.typing.ArrayLike | None = None,
-                  refine_order: bool = True) -> jax.Array:
+                  refine_order: bool = True, method: str = "improved") -> jax.Array:
   r"""ε of DP-SGD with Poisson sampling, for a constant or phased schedule.
 
   Args:
@@ -116,20 +117,34 @@ def dpsgd_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typ
     delta: δ in (0, 1).
     orders: the order grid (default :data:`jaxrdp.DEFAULT_ORDERS`).
     refine_order: refine the best grid order continuously (never looser than the grid).
+    method: the conversion from RDP to (ε, δ). ``"improved"`` (the default; Balle et al. 2020,
+      Thm. 21, as dp_accounting) or ``"classic"``, ε = min_α RDP(α) + log(1/δ)/(α − 1)
+      (Mironov 2017, Prop. 3), what TF Privacy's tutorials and Abadi et al. 2016 reported: to
+      reconcile with published numbers. The classic value is taken on the order grid
+      (``refine_order`` does not apply) and is never smaller than the improved one.
 
   Returns:
     ε (a scalar in the inputs' dtype). Jittable; differentiable with respect to
     ``sampling_rate``, ``noise_multiplier`` (every entry of a schedule), ``steps`` and
     ``delta``, with exact envelope gradients at the optimal order.
 
+  Raises:
+    ValueError: an argument outside its range (named, with the range and the value), or an
+      unknown ``method``.
+
   References:
     Abadi et al. 2016 (DP-SGD); Mironov, Talwar, Zhang 2019 (RDP of the sampled Gaussian);
-    Balle et al. 2020, Thm. 21 (conversion).
+    Balle et al. 2020, Thm. 21 (conversion); Mironov 2017, Prop. 3 (classic conversion).
   """
+  _validation.check_choice("method", method, conversion.METHODS)
   _check_schedule(sampling_rate, noise_multiplier, steps, delta)
   q, sigma, t = _phases(sampling_rate, noise_multiplier, steps)
   grid = _orders(orders, q.dtype)
-  return _dpsgd_epsilon(q, sigma, t, _validation.to_device(delta, q.dtype), grid, refine_order)
+  delta = _validation.to_device(delta, q.dtype)
+  if method == "classic":
+    rdp = jnp.sum(composition.compute_rdp(q, sigma, t, grid), axis=0)
+    return jnp.min(epsilon_at_orders(grid, rdp, delta, method))
+  return _dpsgd_epsilon(q, sigma, t, delta, grid, refine_order)
 
 
 def _dpsgd_epsilon(q, sigma, t, delta, grid, refine_order):

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 
 from jaxrdp import _elementary, _validation
 
-_METHODS = ("improved", "classic")
+METHODS = ("improved", "classic")   # the conversions of compute_epsilon's ``method``
 _RDP_ULPS = 4096            # relative accuracy assumed of float64 RDP values, in units of eps
 _RDP_REL_ERROR_FLOAT32 = 2e-3     # ... and of float32 ones (see the module docstring)
 _OUTPUT_ULPS = 8            # rounding allowance of the conversion formulas, in units of eps
@@ -71,8 +71,7 @@ def _best_over_orders(values, orders):
 
 
 def _check_method(method):
-  if method not in _METHODS:
-    raise ValueError(f"method must be one of {_METHODS}, got {method!r}.")
+  _validation.check_choice("method", method, METHODS)
 
 
 def compute_epsilon(orders: jax.typing.ArrayLike, rdp: jax.typing.ArrayLike,

@@ -173,8 +173,7 @@ def zcdp_to_delta(rho: jax.typing.ArrayLike, epsilon: jax.typing.ArrayLike) -> j
 
 
 def _check_method(method):
-  if method not in _METHODS:
-    raise ValueError(f"method must be one of {_METHODS}, got {method!r}.")
+  _validation.check_choice("method", method, _METHODS)
 
 
 def _common_dtype(*args):

@@ -32,6 +32,34 @@ def test_refined_order_is_tighter_than_the_grid_but_not_below_the_continuous_opt
   assert refined >= _grid_eps(Q, SIGMA, T, DELTA, orders=dense) - 1e-9
 
 
+def test_classic_conversion_is_the_published_formula():
+  # method="classic": ε = min over the grid of Σ T_i RDP_i(α) + log(1/δ)/(α − 1) (Mironov 2017,
+  # Prop. 3; TF Privacy's tutorials, Abadi et al. 2016), here in NumPy from compute_rdp's curve;
+  # never below the default (improved) conversion; the same under jit and what the CLI prints.
+  from jaxrdp import cli
+  grid = jaxrdp.DEFAULT_ORDERS
+  for q, sigma, steps, delta in [(0.01, 1.1, 10_000, 1e-5), ((0.02, 0.005), (0.9, 1.6), (300, 4000), 1e-6)]:
+    rdp = np.asarray(jaxrdp.compute_rdp(np.atleast_1d(q)[:, None] * 1.0, np.atleast_1d(sigma)[:, None],
+                                        np.atleast_1d(steps)[:, None] * 1.0, grid)).sum(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+      want = np.min(np.where(grid > 1, rdp - np.log(delta) / (grid - 1), np.inf))
+    got = float(jaxrdp.dpsgd_epsilon(q, sigma, steps, delta, method="classic"))
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    assert got >= float(jaxrdp.dpsgd_epsilon(q, sigma, steps, delta))
+    jitted = jax.jit(lambda s: jaxrdp.dpsgd_epsilon(q, s, steps, delta, method="classic"))
+    np.testing.assert_allclose(float(jitted(jnp.asarray(sigma))), got, rtol=1e-13)
+  np.testing.assert_allclose(cli._epsilons(0.01, 1.1, 10_000, 1e-5)[3],
+                             float(jaxrdp.dpsgd_epsilon(0.01, 1.1, 10_000, 1e-5, method="classic")),
+                             rtol=1e-13)
+  # Differentiable: d ε/d σ against central differences.
+  f = lambda s: jaxrdp.dpsgd_epsilon(0.01, s, 10_000, 1e-5, method="classic")
+  h = 1e-6
+  np.testing.assert_allclose(float(jax.grad(f)(1.1)), (float(f(1.1 + h)) - float(f(1.1 - h))) / (2 * h),
+                             rtol=1e-6)
+  with pytest.raises(ValueError, match="method must be one of"):
+    jaxrdp.dpsgd_epsilon(0.01, 1.1, 10_000, 1e-5, method="tight")
+
+
 def test_phases_compose_by_addition():
   split = accounting.dpsgd_epsilon(jnp.array([Q, Q]), SIGMA, jnp.array([T / 2, T / 2]), DELTA, refine_order=False)
   assert float(split) == pytest.approx(_grid_eps(Q, SIGMA, T, DELTA), rel=1e-13)
