@@ -573,6 +573,20 @@ def calibrate_noise_multiplier(target_epsilon: jax.typing.ArrayLike, delta: jax.
   ``sampling_rate`` and ``steps`` may be schedules (1-D); σ is then one multiplier for all
   phases. Jittable (and vmappable over targets). Eagerly, a target that no σ reaches raises
   ``ValueError``; under jit it gives NaN.
+
+  Args:
+    target_epsilon: the ε to reach, > 0.
+    delta: δ in (0, 1).
+    sampling_rate: q in [0, 1], a scalar or a 1-D schedule (one entry per phase).
+    steps: steps ≥ 0, a scalar or a 1-D schedule (broadcasting with ``sampling_rate``).
+    orders: the order grid (default :data:`jaxrdp.DEFAULT_ORDERS`).
+
+  Returns:
+    σ, a scalar in the inputs' dtype (NaN under jit where no σ ≤ 1e8 reaches the target).
+
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value), or a target that no σ ≤ 1e8 reaches.
   """
   _validation.check_range("target_epsilon", target_epsilon, lo=0.0, lo_open=True)
   _check_schedule(sampling_rate, 1.0, steps, delta)
@@ -674,6 +688,20 @@ def calibrate_sampling_rate(target_epsilon: jax.typing.ArrayLike, delta: jax.typ
   ε is non-decreasing in q; bracketed regula falsi in log q on the grid-order ε, to a bracket
   of 1e-9 relative; the q returned was checked to meet the target. Returns 1 when even q = 1
   meets the target. Eagerly, a target no q > 1e-12 reaches raises ``ValueError``; NaN under jit.
+
+  Args:
+    target_epsilon: the ε to reach, > 0.
+    delta: δ in (0, 1).
+    noise_multiplier: σ ≥ 0, a scalar or a 1-D schedule (one entry per phase).
+    steps: steps ≥ 0, a scalar or a 1-D schedule (broadcasting with ``noise_multiplier``).
+    orders: the order grid (default :data:`jaxrdp.DEFAULT_ORDERS`).
+
+  Returns:
+    q, a scalar in the inputs' dtype (NaN under jit where no q > 1e-12 reaches the target).
+
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value), or a target that no q > 1e-12 reaches.
   """
   _validation.check_range("target_epsilon", target_epsilon, lo=0.0, lo_open=True)
   _check_schedule(0.5, noise_multiplier, steps, delta)
@@ -723,6 +751,22 @@ def calibrate_steps(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.Arra
   ε is non-decreasing in the step count; integer bisection on [0, max_steps]. Returns 0 when
   not even one step meets the target (eagerly: ``ValueError``) and ``max_steps`` when all do.
   Constant (scalar) ``sampling_rate`` and ``noise_multiplier`` only.
+
+  Args:
+    target_epsilon: the ε to reach, > 0.
+    delta: δ in (0, 1).
+    sampling_rate: q in [0, 1], a scalar.
+    noise_multiplier: σ ≥ 0, a scalar.
+    max_steps: the largest step count searched, ≥ 1 (static).
+    orders: the order grid (default :data:`jaxrdp.DEFAULT_ORDERS`).
+
+  Returns:
+    The step count, a scalar in the inputs' dtype (0 under jit where not even one step
+    meets the target).
+
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value), or a target that not even one step meets.
   """
   _validation.check_range("target_epsilon", target_epsilon, lo=0.0, lo_open=True)
   _check_schedule(sampling_rate, noise_multiplier, 1.0, delta)

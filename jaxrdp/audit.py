@@ -202,6 +202,11 @@ def clopper_pearson_upper(successes: int, trials: int, alpha: float) -> float:
   Returns:
     The upper limit, a float in (k/n, 1].
 
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value).
+    TypeError: an argument that is not real-valued.
+
   References:
     Clopper, Pearson, Biometrika 26 (1934) 404–413.
   """
@@ -255,6 +260,11 @@ def epsilon_lower_bound(false_positives: int, false_negatives: int,
 
   Returns:
     ε̂ ≥ 0 (a float).
+
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value).
+    TypeError: an argument that is not real-valued.
 
   References:
     Kairouz, Oh, Viswanath, ICML 2015, Thm. 2.1 (hypothesis-testing view of DP); Nasr et al.,
@@ -393,6 +403,11 @@ def audit_statistics(tx_or_factory: TransformOrFactory, per_example_grads: Any,
     ``(absent, present, included)``: float arrays of shape (num_trials, num_steps) holding the
     statistic of each step's update in each world, and the bool array of the canary's
     inclusion in the "present" world.
+
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value).
+    TypeError: an argument that is not real-valued.
   """
   batch, mask = _check_inputs(per_example_grads, canary_index, num_trials, num_steps,
                               sampling_rate, trials_per_batch, mask)
@@ -538,6 +553,12 @@ def audit_transform(tx_or_factory: TransformOrFactory, per_example_grads: Any,
 
   Returns:
     An :class:`AuditResult`.
+
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value).
+    TypeError: an argument that is not real-valued, or a key that is neither a PRNG key nor
+      an int seed.
 
   References:
     Jagielski, Ullman, Oprea, NeurIPS 2020; Nasr et al., IEEE S&P 2021; Clopper, Pearson 1934.

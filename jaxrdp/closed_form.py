@@ -66,6 +66,11 @@ def rdp_sampled_gaussian_closed_form(sampling_rate: jax.typing.ArrayLike,
     float, which exceeds 1/5). Under ``jax.jit`` (where the eager range checks cannot run)
     q outside [0, 1], σ < 0, α < 1 or NaN give NaN.
 
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value).
+    TypeError: an argument that is not real-valued.
+
   References:
     Mironov, Talwar, Zhang, "Rényi Differential Privacy of the Sampled Gaussian Mechanism",
     arXiv:1908.10530, Sec. 3.2, Theorem 11 (Lemmas 9 and 10).

@@ -35,6 +35,11 @@ def compute_rdp(q: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
   Returns:
     RDP at each order, in the floating dtype of the inputs.
 
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value).
+    TypeError: an argument that is not real-valued.
+
   References:
     Mironov, Talwar, Zhang (2019), arXiv:1908.10530, Sec. 3; Mironov (2017), arXiv:1702.07476,
     Prop. 1 (composition).

@@ -91,6 +91,11 @@ def compute_epsilon(orders: jax.typing.ArrayLike, rdp: jax.typing.ArrayLike,
     ``broadcast(rdp.shape[:-1], delta.shape)``. ε is +inf when no order gives a finite bound.
     Differentiable with respect to ``rdp`` (the gradient flows to the optimal order).
 
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value).
+    TypeError: an argument that is not real-valued.
+
   References:
     Balle, Barthe, Gaboardi, Hsu, Sato, "Hypothesis testing interpretations and Rényi
     differential privacy", AISTATS 2020, Thm. 21; Canonne, Kamath, Steinke, "The discrete
@@ -145,6 +150,11 @@ def compute_delta(orders: jax.typing.ArrayLike, rdp: jax.typing.ArrayLike,
 
   Returns:
     ``(delta, order)``: δ in [0, 1] and the order that attains it.
+
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value).
+    TypeError: an argument that is not real-valued.
 
   References:
     As :func:`compute_epsilon`; the KL bound δ ≤ √(1 − e^{−r}) as in dp_accounting.

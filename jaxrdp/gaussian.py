@@ -31,6 +31,11 @@ def rdp_gaussian(noise_multiplier: jax.typing.ArrayLike, orders: jax.typing.Arra
     α/(2σ²); at α = 1 the KL divergence 1/(2σ²); +inf at α = ∞ or σ = 0. Under ``jax.jit``
     (where the eager range checks cannot run) σ < 0, α < 1 or NaN give NaN.
 
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value).
+    TypeError: an argument that is not real-valued.
+
   References:
     Mironov, "Rényi differential privacy", CSF 2017, arXiv:1702.07476, Prop. 7 and Cor. 3
     (Table II).

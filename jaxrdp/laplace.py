@@ -54,6 +54,11 @@ def rdp_laplace(scale: jax.typing.ArrayLike, orders: jax.typing.ArrayLike) -> ja
     b = 0. Under ``jax.jit`` (where the eager range checks cannot run) b < 0, α < 1 or NaN
     give NaN.
 
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value).
+    TypeError: an argument that is not real-valued.
+
   References:
     Mironov, "Rényi differential privacy", CSF 2017, arXiv:1702.07476, Prop. 6, Cor. 2 and
     Table II (the α = 1 and α = ∞ limits).

@@ -37,9 +37,13 @@ class ClippedGradSum(NamedTuple):
   Produced by :func:`clipped_grad_sum`; pass it as the ``updates`` of
   :func:`jaxrdp.differentially_private_aggregate`, which then skips clipping and checks that
   ``l2_norm_clip`` does not exceed its own clipping norm (the noise is scaled to the latter).
+
+  Attributes:
+    grad_sum: a pytree shaped like the parameters, dtype at least float32.
+    l2_norm_clip: the clipping norm every summand was clipped to.
   """
-  grad_sum: Any            # pytree shaped like the parameters, dtype at least float32
-  l2_norm_clip: jax.Array  # the clipping norm every summand was clipped to
+  grad_sum: Any
+  l2_norm_clip: jax.Array
 
 
 def _accumulation_dtype(dtype):
@@ -149,6 +153,11 @@ def clipped_grad_sum(loss_fn: Callable[..., jax.Array], params, batch, l2_norm_c
   Returns:
     :class:`ClippedGradSum` with ``grad_sum`` shaped like ``params`` (dtype at least float32)
     and the clipping norm used.
+
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value).
+    TypeError: an argument that is not real-valued.
 
   References:
     Abadi et al., CCS 2016, Alg. 1; microbatched clipping as in jax_privacy's ``clipped_grad``.

@@ -53,6 +53,11 @@ def rdp_randomized_response(p: jax.typing.ArrayLike, orders: jax.typing.ArrayLik
     0 at every order for p = 1/2 and +inf at every order for p = 1. Under ``jax.jit`` (where
     the eager range checks cannot run) p outside [0.5, 1], α < 1 or NaN give NaN.
 
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value).
+    TypeError: an argument that is not real-valued.
+
   References:
     Mironov, "Rényi differential privacy", CSF 2017, arXiv:1702.07476, Prop. 5 and Table II.
   """

@@ -110,6 +110,11 @@ def rdp_relative_gaussian(alpha: jax.typing.ArrayLike, eta: jax.typing.ArrayLike
     η²/(2γ²) + (d/2)(2η + η² − 2 log(1 + η)). Under ``jax.jit`` (where the eager checks cannot
     run) α < 1, η ≤ 0, γ ≤ 0, non-finite η or γ, d < 1, non-integer d or NaN give NaN.
 
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value).
+    TypeError: an argument that is not real-valued.
+
   References:
     Hendrikx, Mangold, Bellet, "The Relative Gaussian Mechanism and its Application to Private
     Gradient Descent", AISTATS 2024, arXiv:2308.15250, Def. 2, Def. 3 and Thm. 1 (the

@@ -27,7 +27,12 @@ from jaxrdp.relative_gaussian import rdp_relative_gaussian
 
 
 class RelativeGaussianNoiseState(NamedTuple):
-  """State of :func:`relative_gaussian_noise`: the PRNG key for the next step and the step count."""
+  """State of :func:`relative_gaussian_noise`.
+
+  Attributes:
+    rng_key: the PRNG key for the next step.
+    count: the number of steps taken.
+  """
 
   rng_key: jax.Array
   count: jax.Array
@@ -82,6 +87,12 @@ def relative_gaussian_noise(eta: jax.typing.ArrayLike, gamma: jax.typing.ArrayLi
 
   Returns:
     An ``optax.GradientTransformation`` whose state is a :class:`RelativeGaussianNoiseState`.
+
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value).
+    TypeError: an argument that is not real-valued, or a key that is neither a PRNG key nor
+      an int seed.
 
   References:
     Hendrikx, Mangold, Bellet, "The Relative Gaussian Mechanism and its Application to Private
@@ -143,6 +154,11 @@ def rdp_relative_gaussian_descent(alpha: jax.typing.ArrayLike, eta: jax.typing.A
   Returns:
     T · ε_RGM(α), broadcast over all arguments; +inf for α ≥ (1 + η)²/(2η + η²) when T > 0.
     Under ``jax.jit`` negative or NaN ``steps`` give NaN.
+
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value).
+    TypeError: an argument that is not real-valued.
 
   References:
     Hendrikx, Mangold, Bellet (2024), arXiv:2308.15250, Thm. 1; Mironov, "Rényi differential

@@ -106,6 +106,12 @@ def poisson_sample(key: jax.Array, dataset_size: int, sampling_rate: jax.typing.
   Returns:
     ``(idx, mask)``.
 
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value).
+    TypeError: an argument that is not real-valued, or a key that is neither a PRNG key nor
+      an int seed.
+
   References:
     Abadi et al., CCS 2016 (Poisson-sampled DP-SGD); Mironov, Talwar, Zhang 2019, Sec. 3.
   """
@@ -211,6 +217,11 @@ def poisson_overflow_probability(dataset_size: int, sampling_rate: float, max_ba
   Returns:
     A float in [0, 1] (0 when M ≥ N).
 
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value).
+    TypeError: an argument that is not real-valued.
+
   References:
     Feller, "An Introduction to Probability Theory", Vol. 1, VI.3 (ratio of binomial terms).
   """
@@ -272,6 +283,11 @@ def poisson_max_batch_size(dataset_size: int, sampling_rate: float,
 
   Returns:
     M, an int in [0, N].
+
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value).
+    TypeError: an argument that is not real-valued.
   """
   n = _check_static_int("dataset_size", dataset_size, 1)
   q = _scalar_rate(sampling_rate, lo_open=True)
@@ -308,6 +324,11 @@ def poisson_truncation_delta(dataset_size: int, sampling_rate: float, max_batch_
 
   Returns:
     The extra δ, at most 1.
+
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value).
+    TypeError: an argument that is not real-valued.
   """
   n = _check_static_int("dataset_size", dataset_size, 0)
   _validation.check_range("steps", steps, lo=0.0)

@@ -46,13 +46,22 @@ _PROJECTION_STEPS = 60   # at most this many evaluations of the final safe re-sc
 
 
 class ScheduleResult(NamedTuple):
-  """What :func:`optimize_schedule` returns."""
-  noise_multiplier: jax.Array   # the optimised σ of each phase (ε ≤ target)
-  sampling_rate: jax.Array      # q of each phase (as given, broadcast to the phases)
-  steps: jax.Array              # steps of each phase (as given)
-  epsilon: jax.Array            # dpsgd_epsilon of the result, ≤ target_epsilon
-  utility: jax.Array            # the utility proxy at the result
-  history: np.ndarray           # utility proxy after each iteration (on the budget boundary)
+  """What :func:`optimize_schedule` returns.
+
+  Attributes:
+    noise_multiplier: the optimised σ of each phase (ε ≤ target).
+    sampling_rate: q of each phase (as given, broadcast to the phases).
+    steps: steps of each phase (as given).
+    epsilon: :func:`jaxrdp.dpsgd_epsilon` of the result, ≤ ``target_epsilon``.
+    utility: the utility proxy at the result.
+    history: the utility proxy after each iteration (on the budget boundary).
+  """
+  noise_multiplier: jax.Array
+  sampling_rate: jax.Array
+  steps: jax.Array
+  epsilon: jax.Array
+  utility: jax.Array
+  history: np.ndarray
 
 
 def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array],
@@ -83,6 +92,11 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array],
     A :class:`ScheduleResult`; ``epsilon`` ≤ ``target_epsilon`` always holds.
 
   Method: projection by a common scale with implicit gradients (module docstring).
+
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value).
+    TypeError: an argument that is not real-valued.
   """
   if not callable(utility):
     raise TypeError(f"utility must be a callable utility(noise_multiplier, sampling_rate), got "
@@ -193,6 +207,20 @@ def epsilon_trajectory(sampling_rate: jax.typing.ArrayLike, noise_multiplier: ja
   The first ``n`` steps of a schedule are the phases truncated at ``n``:
   :math:`T_i(n) = \min(T_i, \max(0, n - \sum_{j<i} T_j))`. Each value is
   :func:`jaxrdp.dpsgd_epsilon` of that prefix (refined order).
+
+  Args:
+    sampling_rate: q in [0, 1], a scalar or a 1-D schedule (one entry per phase).
+    noise_multiplier: σ ≥ 0, a scalar or a 1-D schedule.
+    steps: steps per phase ≥ 0, a scalar or a 1-D schedule (the three broadcast).
+    delta: δ in (0, 1).
+    at_steps: step counts n ≥ 0 at which to report ε (any shape).
+    orders: the order grid (default :data:`jaxrdp.DEFAULT_ORDERS`).
+
+  Returns:
+    ε after each of ``at_steps``, shape ``at_steps.shape``, in the inputs' dtype.
+
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the value).
   """
   _check_schedule(sampling_rate, noise_multiplier, steps, delta)
   _validation.check_range("at_steps", at_steps, lo=0.0)

@@ -98,6 +98,11 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
     ε of shape (Q, S, T, D), in the floating dtype of ``sampling_rates``, ``noise_multipliers``
     and ``steps`` (``deltas`` is cast to it). +inf where no order gives a finite bound (σ = 0).
 
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value).
+    TypeError: an argument that is not real-valued.
+
   References:
     Mironov, Talwar, Zhang (2019), arXiv:1908.10530 (RDP of the sampled Gaussian); Mironov
     (2017), Prop. 1 (composition); Balle et al. (2020), Thm. 21 (conversion).
@@ -187,6 +192,11 @@ def sweep_noise_multiplier(target_epsilons: jax.typing.ArrayLike,
     where no σ in [1e-4, 1e8] meets the target, i.e. where
     :func:`jaxrdp.calibrate_noise_multiplier` raises ``ValueError`` (ε at σ = 1e8 is still
     above the target: only for extreme step counts, e.g. 1e16 steps at q = 1).
+
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value).
+    TypeError: an argument that is not real-valued.
   """
   eps = _grid_axis("target_epsilons", target_epsilons, lo=0.0, lo_open=True)
   q = _grid_axis("sampling_rates", sampling_rates, lo=0.0, hi=1.0)

@@ -188,6 +188,12 @@ def differentially_private_aggregate(
     An :class:`optax.GradientTransformationExtraArgs` whose state is a
     :class:`DifferentiallyPrivateAggregateState`; read ε with :func:`privacy_spent`.
 
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value).
+    TypeError: an argument that is not real-valued, or a key that is neither a PRNG key nor
+      an int seed.
+
   References:
     Abadi et al., "Deep Learning with Differential Privacy", CCS 2016, Alg. 1; Mironov,
     "Rényi Differential Privacy", 2017, Prop. 1; Mironov, Talwar, Zhang, "Rényi Differential
@@ -369,6 +375,12 @@ def dpsgd(learning_rate: optax.ScalarOrSchedule, l2_norm_clip: ScalarOrSchedule,
   Returns:
     An :class:`optax.GradientTransformationExtraArgs`.
 
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value).
+    TypeError: an argument that is not real-valued, or a key that is neither a PRNG key nor
+      an int seed.
+
   References:
     Abadi et al., CCS 2016 (DP-SGD); see :func:`differentially_private_aggregate`.
   """
@@ -434,6 +446,11 @@ def privacy_spent(opt_state, delta: jax.typing.ArrayLike, *,
 
   Returns:
     ``(epsilon, order)``. ε = +inf for a non-private run (σ = 0).
+
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value).
+    TypeError: an argument that is not real-valued.
 
   References:
     Balle et al., AISTATS 2020, Thm. 21; Mironov 2017, Prop. 1 and 3.

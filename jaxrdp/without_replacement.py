@@ -106,6 +106,11 @@ def rdp_sampled_gaussian_without_replacement(
     q = 1, +inf where α = ∞, α > max_order, or σ = 0 < q. Under ``jax.jit`` (where the eager
     range checks cannot run) q outside [0, 1], σ < 0, α < 1 or NaN give NaN.
 
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value).
+    TypeError: an argument that is not real-valued.
+
   References:
     Wang, Balle, Kasiviswanathan, "Subsampled Rényi differential privacy and analytical
     moments accountant", AISTATS 2019, arXiv:1808.00087, Theorem 27 and Corollary 10;

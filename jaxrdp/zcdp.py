@@ -50,6 +50,11 @@ def pure_dp_to_zcdp(epsilon: jax.typing.ArrayLike) -> jax.Array:
   Returns:
     ε²/2. Under ``jax.jit`` a negative or NaN ε gives NaN.
 
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value).
+    TypeError: an argument that is not real-valued.
+
   References:
     Bun, Steinke, "Concentrated differential privacy: simplifications, extensions, and lower
     bounds", TCC 2016, arXiv:1605.02065, Prop. 1.4.
@@ -73,6 +78,11 @@ def rdp_zcdp(rho: jax.typing.ArrayLike, orders: jax.typing.ArrayLike,
 
   Returns:
     ξ + ρα. Under ``jax.jit`` negative or NaN ρ or ξ, or α < 1, give NaN.
+
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value).
+    TypeError: an argument that is not real-valued.
 
   References:
     Bun, Steinke (2016), arXiv:1605.02065, Def. 1.1; as dp_accounting's ``ZCDpEvent``.
@@ -104,6 +114,11 @@ def rdp_tcdp(rho: jax.typing.ArrayLike, omega: jax.typing.ArrayLike,
 
   Returns:
     The curve. Under ``jax.jit`` negative or NaN ρ, ω ≤ 1 or α < 1 give NaN.
+
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value).
+    TypeError: an argument that is not real-valued.
 
   References:
     Bun, Dwork, Rothblum, Steinke, "Composable and versatile privacy via truncated CDP",
@@ -138,6 +153,11 @@ def zcdp_to_epsilon(rho: jax.typing.ArrayLike, delta: jax.typing.ArrayLike, *,
     ``"simple"`` gradient in ρ is +inf at ρ = 0, the true one-sided derivative). Under
     ``jax.jit`` negative or NaN ρ, or δ outside (0, 1), give NaN.
 
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value).
+    TypeError: an argument that is not real-valued.
+
   References:
     Canonne, Kamath, Steinke, "The discrete Gaussian for differential privacy", NeurIPS 2020,
     arXiv:2004.00010, Cor. 13; Bun, Steinke (2016), arXiv:1605.02065, Prop. 1.3.
@@ -161,6 +181,11 @@ def zcdp_to_delta(rho: jax.typing.ArrayLike, epsilon: jax.typing.ArrayLike) -> j
     δ in [0, 1]: the minimum over α > 1 of Canonne–Kamath–Steinke's bound (see the module
     docstring) and of the KL bound √(1 − e^{−ρ}), never below the exact value. 0 when ρ = 0
     or ε = ∞. Under ``jax.jit`` negative or NaN ρ or ε give NaN.
+
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value).
+    TypeError: an argument that is not real-valued.
 
   References:
     Canonne, Kamath, Steinke (2020), arXiv:2004.00010, Cor. 13.
