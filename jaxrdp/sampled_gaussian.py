@@ -742,6 +742,10 @@ def log_a_and_rdp(q, sigma, alpha):
   if not _validation.is_concrete((q, sigma, alpha)):
     return _log_a_and_rdp_jit(q, sigma, alpha)
   dtype = jnp.result_type(q, sigma, alpha)
+  if q.ndim == 0 and sigma.ndim == 0 and alpha.ndim == 1:
+    on_grid = _on_concrete_grid(q, sigma, alpha, dtype)
+    if on_grid is not None:
+      return on_grid
   arrays = np.broadcast_arrays(*(np.asarray(v, dtype) for v in (q, sigma, alpha)))
   shape, n = arrays[0].shape, arrays[0].size
   if n == 0 or n > _compile.BUCKET_MAX:
@@ -751,6 +755,26 @@ def log_a_and_rdp(q, sigma, alpha):
           for v, fill in zip(arrays, (0.5, 1.0, 2.0))]
   out = _log_a_and_rdp_jit(*flat)
   return tuple(jnp.asarray(np.asarray(v)[:n].reshape(shape)) for v in out)
+
+
+def _on_concrete_grid(q, sigma, orders, dtype):
+  """(log A, RDP) of one (q, sigma) at a concrete 1-D grid of orders through the exact sums
+  and shared nodes (:func:`log_a_and_rdp_at_orders`), as ``compute_rdp`` computes it, when
+  they cover every order (None otherwise): a first call compiles those instead of the
+  per-order quadrature (about half the time for dp_accounting's grid)."""
+  split = order_split(orders)
+  covered = sum(len(p) for p, _ in split.sums) + sum(len(g) for g in split.shared)
+  if covered != orders.shape[0]:
+    return None
+  out = _on_grid_jit(np.asarray(q, dtype)[None], np.asarray(sigma, dtype)[None],
+                     np.asarray(orders, dtype), split, order_tables(orders, split))
+  return tuple(v[0] for v in out)
+
+
+@functools.partial(_compile.jit, static_argnames=("split",),
+                   work=lambda arguments: arguments["orders"].size)   # not the tables' size
+def _on_grid_jit(q, sigma, orders, split, tables):
+  return log_a_and_rdp_at_orders(q, sigma, orders, split, tables)
 
 
 @_compile.jit
