@@ -229,13 +229,16 @@ def epsilon_trajectory(sampling_rate: jax.typing.ArrayLike, noise_multiplier: ja
   at = jnp.atleast_1d(jnp.asarray(at_steps, q.dtype))
   starts = jnp.cumsum(t) - t
   prefix = jnp.clip(at[:, None] - starts[None, :], 0.0, t[None, :])
-  eps = _prefix_epsilon(q, sigma, prefix, jnp.asarray(delta, q.dtype), grid)
+  # The per-step curve (phases, orders), once: for concrete values and grid through the exact
+  # sums and shared nodes, outside the search's program (which would otherwise compile the
+  # per-order quadrature for it).
+  per_step = compute_rdp(q, sigma, 1.0, grid)
+  eps = _prefix_epsilon(q, sigma, prefix, jnp.asarray(delta, q.dtype), grid, per_step)
   return eps.reshape(jnp.shape(at_steps))
 
 
 @_compile.jit
-def _prefix_epsilon(q, sigma, prefix, delta, grid):
-  per_step = compute_rdp(q, sigma, 1.0, grid)          # (phases, orders), computed once
+def _prefix_epsilon(q, sigma, prefix, delta, grid, per_step):
 
   def one(tt):
     rdp = jnp.sum(jnp.where(tt[:, None] > 0, tt[:, None] * per_step, 0.0), axis=0)
