@@ -143,7 +143,11 @@ def dpsgd_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typ
   delta = _validation.to_device(delta, q.dtype)
   if method == "classic":
     rdp = jnp.sum(composition.compute_rdp(q, sigma, t, grid), axis=0)
-    return jnp.min(epsilon_at_orders(grid, rdp, delta, method))
+    eps = jnp.min(epsilon_at_orders(grid, rdp, delta, method))
+    # Under jit the eager checks do not run: δ outside (0, 1), or an RDP that is NaN (invalid
+    # q or σ), gives NaN, never a number.
+    bad = ~((delta > 0) & (delta < 1)) | jnp.any(jnp.isnan(rdp))
+    return jnp.where(bad, jnp.nan, eps)
   return _dpsgd_epsilon(q, sigma, t, delta, grid, refine_order)
 
 

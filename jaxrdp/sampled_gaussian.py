@@ -435,9 +435,14 @@ def _assess(log_t, log_t_coarse, log_t_coarser, edge, shift, rho, rho_pair, alph
   return ~certified | ~edge_ok | ~jnp.isfinite(log_j)
 
 
+def _beta_or_one(alpha):
+  """alpha - 1, and 1 where alpha <= 1 (so that its logarithm is finite where it is not used)."""
+  return _where(alpha > 1, alpha - 1, 1.0)
+
+
 def _log_beta(alpha):
   """log(alpha - 1), 0 at alpha <= 1 (where it is not used)."""
-  return jnp.log(_where(alpha > 1, alpha - 1, 1.0))
+  return jnp.log(_beta_or_one(alpha))
 
 
 def _reference_constant(m_ref, sigma):
@@ -760,21 +765,26 @@ def log_a_and_rdp(q, sigma, alpha):
 def _on_concrete_grid(q, sigma, orders, dtype):
   """(log A, RDP) of one (q, sigma) at a concrete 1-D grid of orders through the exact sums
   and shared nodes (:func:`log_a_and_rdp_at_orders`), as ``compute_rdp`` computes it, when
-  they cover every order (None otherwise): a first call compiles those instead of the
-  per-order quadrature (about half the time for dp_accounting's grid)."""
+  they cover every order and certify every value (None otherwise: the caller then takes the
+  per-order quadrature, so no value is left +inf that it would compute). A first call then
+  compiles those instead of the per-order quadrature (about half the time for dp_accounting's
+  grid)."""
   split = order_split(orders)
   covered = sum(len(p) for p, _ in split.sums) + sum(len(g) for g in split.shared)
   if covered != orders.shape[0]:
     return None
-  out = _on_grid_jit(np.asarray(q, dtype)[None], np.asarray(sigma, dtype)[None],
-                     np.asarray(orders, dtype), split, order_tables(orders, split))
-  return tuple(v[0] for v in out)
+  log_a_value, rdp, pending = _on_grid_jit(
+      np.asarray(q, dtype)[None], np.asarray(sigma, dtype)[None], np.asarray(orders, dtype),
+      split, order_tables(orders, split))
+  if np.asarray(pending).any():
+    return None
+  return log_a_value[0], rdp[0]
 
 
 @functools.partial(_compile.jit, static_argnames=("split",),
                    work=lambda arguments: arguments["orders"].size)   # not the tables' size
 def _on_grid_jit(q, sigma, orders, split, tables):
-  return log_a_and_rdp_at_orders(q, sigma, orders, split, tables)
+  return log_a_and_rdp_at_orders(q, sigma, orders, split, tables, fallback=False)
 
 
 @_compile.jit
@@ -1073,12 +1083,26 @@ def _grid_nodes(z, inv_2s2, log_q, log1m_q, q):
               log_abs_ell=log_abs_ell, x=_where(positive, x, -x), ratio_neg=ratio_neg)
 
 
+def _order_stack(alpha, axis=0):
+  """alpha and its four per-order constants stacked along a new ``axis`` of size 5: alpha, the
+  series radius x_s = min(0.1, 1/(2 alpha)) of :func:`_grid_terms`, log x_s, log(alpha/2), and
+  log(alpha - 1) for :func:`_assess` (0 at alpha <= 1). Computed once per order, outside the
+  loops over nodes, as one kernel: each function is applied once to the entries it serves
+  (:func:`_select_columns`)."""
+  alpha = jnp.expand_dims(alpha, axis)
+  shape = list(alpha.shape)
+  shape[axis] = 5
+  a = jnp.broadcast_to(alpha, tuple(shape))
+  one = jnp.ones_like(a)
+  x_small = jnp.minimum(_SERIES_RADIUS, 0.5 / _select_columns([one, a, a, one, one], axis=axis))
+  logs = jnp.log(_select_columns([a, x_small, x_small, a / 2, _beta_or_one(a)], axis=axis))
+  return _select_columns([a, x_small, logs, logs, logs], axis=axis)
+
+
 def _order_constants(alpha):
-  """Per-order constants of :func:`_grid_terms`: the series radius x_s = min(0.1, 1/(2 alpha)),
-  log x_s and log(alpha/2); and log(alpha - 1) for :func:`_assess` (computed once per order,
-  outside the loops over nodes)."""
-  x_small = jnp.minimum(jnp.asarray(_SERIES_RADIUS, alpha.dtype), 0.5 / alpha)
-  return x_small, jnp.log(x_small), jnp.log(alpha / 2), _log_beta(alpha)
+  """(x_s, log x_s, log(alpha/2), log(alpha - 1)) of :func:`_order_stack`."""
+  stack = _order_stack(alpha)
+  return stack[1], stack[2], stack[3], stack[4]
 
 
 def _select_columns(columns, axis=-1):
@@ -1101,15 +1125,7 @@ def _select_columns(columns, axis=-1):
 def _order_block(alphas):
   """(..., 5 g): the orders ``alphas`` (..., g) followed by each of their four
   :func:`_order_constants`, g columns each (one kernel)."""
-  g = alphas.shape[-1]
-  a = jnp.broadcast_to(alphas[..., None, :], alphas.shape[:-1] + (5, g))
-  # The constants of _order_constants, with each function's arguments selected first (see
-  # _select_columns): x_s = min(0.1, 0.5/alpha), then log x_s, log(alpha/2), log(alpha - 1).
-  one = jnp.ones_like(a)
-  x_small = jnp.minimum(_SERIES_RADIUS, 0.5 / _select_columns([one, a, a, one, one], axis=-2))
-  logs = jnp.log(_select_columns([a, x_small, x_small, a / 2, _where(a > 1, a - 1, 1.0)], axis=-2))
-  block = _select_columns([a, x_small, logs, logs, logs], axis=-2)
-  return block.reshape(alphas.shape[:-1] + (5 * g,))
+  return _order_stack(alphas, axis=-2).reshape(alphas.shape[:-1] + (5 * alphas.shape[-1],))
 
 
 def _grid_terms(nodes, inv_2s2, alpha, m_ref, exponent_only=False, constants=None):

@@ -60,6 +60,9 @@ def test_classic_conversion_is_the_published_formula():
                              rtol=1e-6)
   with pytest.raises(ValueError, match="method must be one of"):
     jaxrdp.dpsgd_epsilon(0.01, 1.1, 10_000, 1e-5, method="tight")
+  # Under jit, an invalid δ gives NaN, never a number (the classic formula alone gives 0 at δ = 2).
+  assert np.isnan(float(jax.jit(lambda d: jaxrdp.dpsgd_epsilon(0.01, 1.1, 10_000, d,
+                                                               method="classic"))(2.0)))
 
 
 def test_phases_compose_by_addition():
