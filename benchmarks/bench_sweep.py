@@ -56,7 +56,7 @@ if ARGS.float64:
 import numpy as np  # noqa: E402
 
 import jaxrdp  # noqa: E402
-from jaxrdp.sweep import sweep  # noqa: E402
+from jaxrdp.accounting.sweep import sweep  # noqa: E402
 
 STEPS = np.array([100, 1000, 5000, 10_000, 50_000])
 DELTAS = np.array([1e-5, 1e-6])

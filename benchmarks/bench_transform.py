@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import optax
 import optax.contrib
 
-from jaxrdp.transform import dpsgd, privacy_spent
+from jaxrdp.training.transform import dpsgd, privacy_spent
 
 
 def init_mlp(key, sizes):

@@ -5,24 +5,24 @@ accounting, schedules and the optax transforms on top.
 The library never changes ``jax_enable_x64``; it computes in the dtype it is given.
 """
 
-from jaxrdp.accounting import (calibrate_noise_multiplier, calibrate_sampling_rate,
+from jaxrdp.accounting.dpsgd import (calibrate_noise_multiplier, calibrate_sampling_rate,
                                 calibrate_steps, dpsgd_epsilon)
-from jaxrdp.closed_form import rdp_sampled_gaussian_closed_form
-from jaxrdp.composition import compute_rdp
-from jaxrdp.conversion import compute_delta, compute_epsilon
-from jaxrdp.gaussian import rdp_gaussian
-from jaxrdp.laplace import rdp_laplace
-from jaxrdp.microbatch import ClippedGradSum, clipped_grad_sum
-from jaxrdp.orders import DEFAULT_ORDERS
-from jaxrdp.randomized_response import rdp_randomized_response
-from jaxrdp.relative_gaussian import rdp_relative_gaussian
-from jaxrdp.sampled_gaussian import log_a, rdp_sampled_gaussian
-from jaxrdp.sampling import (poisson_max_batch_size, poisson_overflow_probability, poisson_sample,
+from jaxrdp.mechanisms.closed_form import rdp_sampled_gaussian_closed_form
+from jaxrdp.accounting.composition import compute_rdp
+from jaxrdp.accounting.conversion import compute_delta, compute_epsilon
+from jaxrdp.mechanisms.gaussian import rdp_gaussian
+from jaxrdp.mechanisms.laplace import rdp_laplace
+from jaxrdp.training.microbatch import ClippedGradSum, clipped_grad_sum
+from jaxrdp.accounting.orders import DEFAULT_ORDERS
+from jaxrdp.mechanisms.randomized_response import rdp_randomized_response
+from jaxrdp.mechanisms.relative_gaussian import rdp_relative_gaussian
+from jaxrdp.mechanisms.sampled_gaussian import log_a, rdp_sampled_gaussian
+from jaxrdp.training.sampling import (poisson_max_batch_size, poisson_overflow_probability, poisson_sample,
                              poisson_truncation_delta)
-from jaxrdp.schedules import ScheduleResult, epsilon_trajectory, optimize_schedule
-from jaxrdp.sweep import sweep, sweep_noise_multiplier
-from jaxrdp.without_replacement import rdp_sampled_gaussian_without_replacement
-from jaxrdp.zcdp import pure_dp_to_zcdp, rdp_tcdp, rdp_zcdp, zcdp_to_delta, zcdp_to_epsilon
+from jaxrdp.accounting.schedules import ScheduleResult, epsilon_trajectory, optimize_schedule
+from jaxrdp.accounting.sweep import sweep, sweep_noise_multiplier
+from jaxrdp.mechanisms.without_replacement import rdp_sampled_gaussian_without_replacement
+from jaxrdp.mechanisms.zcdp import pure_dp_to_zcdp, rdp_tcdp, rdp_zcdp, zcdp_to_delta, zcdp_to_epsilon
 
 import importlib as _importlib
 
@@ -30,11 +30,11 @@ import importlib as _importlib
 # query does not pay for importing optax.
 _LAZY = {
     **dict.fromkeys(("AuditResult", "audit_statistics", "audit_transform", "clopper_pearson_upper",
-                     "epsilon_lower_bound"), "jaxrdp.audit"),
+                     "epsilon_lower_bound"), "jaxrdp.audit.canary"),
     **dict.fromkeys(("RelativeGaussianNoiseState", "rdp_relative_gaussian_descent",
-                     "relative_gaussian_noise"), "jaxrdp.relative_gaussian_transform"),
+                     "relative_gaussian_noise"), "jaxrdp.training.relative_gaussian_transform"),
     **dict.fromkeys(("DifferentiallyPrivateAggregateState", "differentially_private_aggregate",
-                     "dpsgd", "privacy_spent", "rdp_spent"), "jaxrdp.transform"),
+                     "dpsgd", "privacy_spent", "rdp_spent"), "jaxrdp.training.transform"),
 }
 
 

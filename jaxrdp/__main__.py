@@ -1,7 +1,7 @@
-"""``python -m jaxrdp``: the command-line interface (see :mod:`jaxrdp.cli`)."""
+"""``python -m jaxrdp``: the command-line interface (see :mod:`jaxrdp.cli.main`)."""
 
 import sys
 
-from jaxrdp.cli import main
+from jaxrdp.cli.main import main
 
 sys.exit(main())

@@ -22,7 +22,7 @@ import pytest
 from scipy import optimize, stats
 
 import jaxrdp
-from jaxrdp.audit import (AuditResult, audit_from_statistics, audit_statistics, audit_transform,
+from jaxrdp.audit.canary import (AuditResult, audit_from_statistics, audit_statistics, audit_transform,
                           clopper_pearson_upper, epsilon_lower_bound)
 
 CLIP, B_EXPECTED, BATCH = 1.0, 4.0, 8

@@ -29,8 +29,8 @@ SCRIPT = textwrap.dedent("""
     import jax
     import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    from jaxrdp.audit import audit_transform
-    from jaxrdp.transform import differentially_private_aggregate
+    from jaxrdp.audit.canary import audit_transform
+    from jaxrdp.training.transform import differentially_private_aggregate
 
     assert jax.device_count() == 8, jax.devices()
     assert not jax.config.jax_enable_x64

@@ -32,7 +32,7 @@ import optax
 import pytest
 
 import jaxrdp
-from jaxrdp import cli
+from jaxrdp.cli import main as cli
 
 NAN, INF = float("nan"), float("inf")
 

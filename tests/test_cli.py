@@ -12,7 +12,7 @@ import pytest
 from dp_accounting.rdp import rdp_privacy_accountant as dpa
 
 import jaxrdp
-from jaxrdp import cli
+from jaxrdp.cli import main as cli
 
 Q, SIGMA, T, DELTA = 0.01, 1.1, 10_000, 1e-5
 MECHANISM = ["--sampling-rate", str(Q), "--noise-multiplier", str(SIGMA), "--steps", str(T),

@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from jaxrdp import cli
-from jaxrdp.sweep import sweep
+from jaxrdp.cli import main as cli
+from jaxrdp.accounting.sweep import sweep
 
 GRID = ["--sampling-rates", "1e-3:1e-1:4:log", "--noise-multipliers", "0.8,1.5,4",
         "--steps", "10,1000,100000", "--deltas", "1e-5,1e-9"]

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import jaxrdp
-from jaxrdp.closed_form import rdp_sampled_gaussian_closed_form as closed_form
+from jaxrdp.mechanisms.closed_form import rdp_sampled_gaussian_closed_form as closed_form
 
 mp.mp.dps = 50
 

@@ -146,7 +146,7 @@ def test_float32_margin_covers_the_worst_float32_rdp_seen():
   # q = 2.0e-7, sigma = 5.76, alpha = 1024 (float32-exact inputs): float32 RDP is 5.6e-4
   # (exact sum) and 7.3e-4 (per-order quadrature) below float64, more than the 5e-4 margin
   # used before; the margin now covers it.
-  from jaxrdp import conversion
+  from jaxrdp.accounting import conversion
   q, sigma, order = np.float32(2.036286e-07), np.float32(5.763365), np.float32(1024.0)
   r64 = float(jaxrdp.rdp_sampled_gaussian(np.float64(q), np.float64(sigma), np.float64(order)))
   for r32 in (jaxrdp.rdp_sampled_gaussian(q, sigma, order),

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import jaxrdp
-from jaxrdp.relative_gaussian import rdp_relative_gaussian
+from jaxrdp.mechanisms.relative_gaussian import rdp_relative_gaussian
 
 EXAMPLE = pathlib.Path(__file__).parent.parent / "examples" / "relative_gaussian_ridge.py"
 

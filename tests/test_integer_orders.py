@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxrdp
-from jaxrdp import sampled_gaussian
+from jaxrdp.mechanisms import sampled_gaussian
 
 F64_RTOL = 1e-12
 F32_RTOL = 1e-5

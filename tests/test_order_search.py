@@ -1,4 +1,4 @@
-"""Branch and bound over the orders (jaxrdp/_order_search.py) finds the grid's best order.
+"""Branch and bound over the orders (jaxrdp/accounting/order_search.py) finds the grid's best order.
 
 Reference: the plain minimum of compute_epsilon over every order of the grid (all orders
 evaluated). The search must return the same order and the same ε up to a few ulps (orders are
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import jaxrdp
-from jaxrdp._order_search import grid_epsilon
-from jaxrdp.accounting import _schedule_rdp
+from jaxrdp.accounting.order_search import grid_epsilon
+from jaxrdp.accounting.dpsgd import _schedule_rdp
 
 
 @pytest.mark.parametrize("dtype, rel", [(jnp.float64, 4e-15), (jnp.float32, 1e-6)])

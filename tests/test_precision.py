@@ -16,7 +16,7 @@ import pytest
 from scipy import stats
 
 import jaxrdp
-from jaxrdp.microbatch import clipped_grad_sum
+from jaxrdp.training.microbatch import clipped_grad_sum
 
 
 def _agg(clip, sigma, b, key=0):

@@ -23,7 +23,7 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 
 import jaxrdp
-from jaxrdp import conversion
+from jaxrdp.accounting import conversion
 
 ROWS, K = 64, 8          # the one kernel shape: (ROWS, 1) x (K,)
 HALF = ROWS // 2         # pairs of points share one call: first half and second half

@@ -15,9 +15,9 @@ import optax
 import pytest
 from scipy import stats
 
-from jaxrdp.gaussian import rdp_gaussian
-from jaxrdp.relative_gaussian import rdp_relative_gaussian
-from jaxrdp.relative_gaussian_transform import (RelativeGaussianNoiseState,
+from jaxrdp.mechanisms.gaussian import rdp_gaussian
+from jaxrdp.mechanisms.relative_gaussian import rdp_relative_gaussian
+from jaxrdp.training.relative_gaussian_transform import (RelativeGaussianNoiseState,
                                                 rdp_relative_gaussian_descent,
                                                 relative_gaussian_noise)
 

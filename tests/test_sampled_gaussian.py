@@ -145,7 +145,7 @@ def test_jit_of_vmap_traces_each_kernel_once(monkeypatch):
   # for the flattened batch (not first for one unbatched element as well); their placeholder
   # primal (NaN) must never reach a result, also where only some arguments are batched. (A plain
   # vmap: test_jit_vmap_and_eager_agree.)
-  from jaxrdp import sampled_gaussian
+  from jaxrdp.mechanisms import sampled_gaussian
   traced = {"shared": [], "per_order": []}
   shared, per_order = sampled_gaussian._quadrature_values, sampled_gaussian._log_j_flat
   monkeypatch.setattr(sampled_gaussian, "_quadrature_values",

@@ -1,4 +1,4 @@
-"""Poisson sampling in jit (jaxrdp.sampling) and the binomial overflow tail.
+"""Poisson sampling in jit (jaxrdp.training.sampling) and the binomial overflow tail.
 
 References: exact binomial tails summed in mpmath (50 digits) and scipy.stats.binom; the
 sampler is tested against its distribution with stated false-failure rates.
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from jaxrdp.sampling import (poisson_max_batch_size, poisson_overflow_probability, poisson_sample,
+from jaxrdp.training.sampling import (poisson_max_batch_size, poisson_overflow_probability, poisson_sample,
                              poisson_truncation_delta)
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import jaxrdp
-from jaxrdp import sampled_gaussian
+from jaxrdp.mechanisms import sampled_gaussian
 
 
 def test_chunked_equals_unchunked():

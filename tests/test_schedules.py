@@ -1,4 +1,4 @@
-"""Gradient-designed schedules (jaxrdp.schedules): feasibility, optimality, ε trajectories.
+"""Gradient-designed schedules (jaxrdp.accounting.schedules): feasibility, optimality, ε trajectories.
 
 All schedules here have two phases, so that the optimum can be found independently by a scan
 over the one free shape parameter (the ratio σ₂/σ₁), each candidate scaled onto the budget.
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import jaxrdp
-from jaxrdp import schedules
-from jaxrdp.accounting import _orders
+from jaxrdp.accounting import schedules
+from jaxrdp.accounting.dpsgd import _orders
 
 Q = jnp.array([0.02, 0.02])
 T = jnp.array([200.0, 200.0])

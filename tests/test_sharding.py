@@ -28,7 +28,7 @@ SCRIPT = textwrap.dedent("""
     import jax.numpy as jnp
     import optax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    from jaxrdp.transform import differentially_private_aggregate, dpsgd, privacy_spent, rdp_spent
+    from jaxrdp.training.transform import differentially_private_aggregate, dpsgd, privacy_spent, rdp_spent
 
     assert jax.device_count() == 8, jax.devices()
     assert not jax.config.jax_enable_x64
@@ -102,8 +102,8 @@ SCRIPT = textwrap.dedent("""
 
     # Float32 accountant (the default without x64): 1e5 steps.
     import json
-    from jaxrdp.composition import compute_rdp
-    from jaxrdp.orders import DEFAULT_ORDERS
+    from jaxrdp.accounting.composition import compute_rdp
+    from jaxrdp.accounting.orders import DEFAULT_ORDERS
     tx = differentially_private_aggregate(1.0, 1.1, 1, sampling_rate=0.01, expected_batch_size=10.0)
     p = {"x": jnp.zeros((1,), jnp.float32)}
     g = {"x": jnp.ones((1, 1), jnp.float32)}

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import jaxrdp
-from jaxrdp.sweep import sweep, sweep_noise_multiplier
+from jaxrdp.accounting.sweep import sweep, sweep_noise_multiplier
 
 # 4 x 3 x 3 x 2 = 72 cells, with the exact special cases q = 0, q = 1, sigma = 0 and T = 0.
 Q = np.array([0.0, 1e-3, 0.05, 1.0])
@@ -77,7 +77,7 @@ def test_entries_left_open_by_the_shared_nodes_are_filled():
   # order) entries of the default grid uncertified at sigma = 0.01; the sweep fills them with
   # the per-order kernel, as dpsgd_epsilon does in its own program.
   q, sigma = np.array([0.3, 0.5, 0.01, 0.9]), np.array([0.25, 0.3, 0.01])
-  from jaxrdp import sampled_gaussian
+  from jaxrdp.mechanisms import sampled_gaussian
   split = sampled_gaussian.order_split(jaxrdp.DEFAULT_ORDERS)
   tables = sampled_gaussian.order_tables(jaxrdp.DEFAULT_ORDERS, split)
   pending = jax.jit(lambda a, b: sampled_gaussian.log_a_and_rdp_at_orders(

@@ -21,7 +21,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from jaxrdp.sweep import sweep
+from jaxrdp.accounting.sweep import sweep
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The grid of tests/test_sweep.py (its float64 sweep shares this process's compilation).
@@ -32,12 +32,12 @@ SCRIPT = textwrap.dedent("""
     import importlib, json, sys
     import numpy as np
     import jax
-    from jaxrdp.sweep import sweep
+    from jaxrdp.accounting.sweep import sweep
 
     axes = {k: np.asarray(v, np.float64) for k, v in json.loads(sys.argv[1]).items()}
     eps = np.asarray(sweep(axes["q"], axes["sigma"], axes["steps"], axes["delta"]))
     # Where the per-step RDP lives: the mesh the sweep builds and the shards of its chunk.
-    module = importlib.import_module("jaxrdp.sweep")
+    module = importlib.import_module("jaxrdp.accounting.sweep")
     mesh = module._mesh(None)
     grid = module._order_grid(None, np.float64)
     block, chunk = module._layout(12, grid.size, None, module._CALL_BLOCKS, mesh)

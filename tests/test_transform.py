@@ -1,4 +1,4 @@
-"""DP-SGD transforms (jaxrdp.transform): noise, clipping, masking, keys, the accountant, errors.
+"""DP-SGD transforms (jaxrdp.training.transform): noise, clipping, masking, keys, the accountant, errors.
 
 Reference values never come from the transform itself: clipping is recomputed in NumPy, the
 noise is tested against its distribution (chi-square), and the accountant against
@@ -19,8 +19,8 @@ from jax import lax
 from scipy import stats
 
 import jaxrdp
-from jaxrdp.microbatch import ClippedGradSum, clipped_grad_sum
-from jaxrdp.transform import (DifferentiallyPrivateAggregateState, _kahan_add,
+from jaxrdp.training.microbatch import ClippedGradSum, clipped_grad_sum
+from jaxrdp.training.transform import (DifferentiallyPrivateAggregateState, _kahan_add,
                               differentially_private_aggregate, dpsgd, privacy_spent, rdp_spent)
 
 ORDERS = jaxrdp.DEFAULT_ORDERS

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from dp_accounting.rdp import rdp_privacy_accountant as dpa
 
-from jaxrdp.without_replacement import rdp_sampled_gaussian_without_replacement as wor
+from jaxrdp.mechanisms.without_replacement import rdp_sampled_gaussian_without_replacement as wor
 
 DATA = pathlib.Path(__file__).parent / "data" / "wor_reference.json"
 
@@ -112,7 +112,7 @@ DPA_ALPHA = list(range(2, 65)) + [128, 256]
 def test_matches_dp_accounting_where_its_forward_differences_are_accurate(float64_grid):
   # At integer orders ≤ 256 the two compute the same bound. dp_accounting builds the forward
   # differences by repeated subtraction in float64, which cancels catastrophically for large σ
-  # (see jaxrdp/without_replacement.py): at σ ≥ 5 with q ≥ 0.1 its value drifts from the
+  # (see jaxrdp/mechanisms/without_replacement.py): at σ ≥ 5 with q ≥ 0.1 its value drifts from the
   # 50-digit reference at 66 of these 1,950 points (measured: too large at 44 points with
   # σ = 10, up to 2.1x at q = 0.1, α = 256; too small at 22 points with q = 0.5, σ = 5, α ≥ 34,
   # by up to 6.8e-10 relative at α = 43, i.e. it under-reports there). Where
@@ -186,7 +186,7 @@ def test_special_values():
 def test_number_of_terms_follows_the_orders():
   # Concrete orders: the largest finite one, rounded up to a power of two, at most 4096; traced
   # orders: 1024; max_order overrides both.
-  from jaxrdp.without_replacement import _static_max_order
+  from jaxrdp.mechanisms.without_replacement import _static_max_order
   assert _static_max_order(np.array([1.5, 3.0, np.inf]), None) == 4
   assert _static_max_order(np.array([3.0, 300.0]), None) == 512
   assert _static_max_order(np.array([3.0, 1e6]), None) == 4096

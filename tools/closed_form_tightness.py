@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """How loose is Theorem 11 of Mironov–Talwar–Zhang? bound / exact RDP over the region where it applies.
 
-The bound is ``jaxrdp.closed_form.rdp_sampled_gaussian_closed_form`` (2q²α/σ², +inf outside the
+The bound is ``jaxrdp.mechanisms.closed_form.rdp_sampled_gaussian_closed_form`` (2q²α/σ², +inf outside the
 theorem's conditions); the exact value is ``jaxrdp.rdp_sampled_gaussian`` (certified quadrature,
 float64). Prints min / median / max of the ratio over the finite points of a log-spaced grid and
 where the extremes occur.
@@ -24,7 +24,7 @@ def main(argv=None):
   args = parser.parse_args(argv)
   jax.config.update("jax_enable_x64", True)
   import jaxrdp
-  from jaxrdp.closed_form import rdp_sampled_gaussian_closed_form
+  from jaxrdp.mechanisms.closed_form import rdp_sampled_gaussian_closed_form
 
   n = args.points_per_axis
   q = np.geomspace(1e-6, np.nextafter(0.2, 0), n)

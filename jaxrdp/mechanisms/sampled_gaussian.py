@@ -63,8 +63,8 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-from jaxrdp import _compile
-from jaxrdp import _validation
+from jaxrdp._internal import compilation
+from jaxrdp._internal import validation
 
 _BLOCK = 32               # intervals per window at level 0; midpoints per refinement block
 _LEVELS = 4               # levels 0..3: 33, 65, 129, 257 nodes per window
@@ -618,7 +618,7 @@ def _rule_only_when_batched(kernel):
   placeholder (NaN of the output's shape) is never evaluated: the rule's result replaces it."""
   @functools.wraps(kernel)
   def call(*args):
-    if not any(_compile.batched(x) for x in jax.tree_util.tree_leaves(args)):
+    if not any(compilation.batched(x) for x in jax.tree_util.tree_leaves(args)):
       return kernel(*args)
     _PRIMAL.skip = True
     try:
@@ -700,10 +700,10 @@ def log_a(q: jax.typing.ArrayLike, sigma: jax.typing.ArrayLike,
     Mironov, Talwar, Zhang, "Rényi Differential Privacy of the Sampled Gaussian Mechanism",
     arXiv:1908.10530, Sec. 3 (definition of A_α; Sec. 3.3 numerically stable computation).
   """
-  _validation.check_range("q", q, lo=0.0, hi=1.0)
-  _validation.check_range("sigma", sigma, lo=0.0)
-  _validation.check_range("alpha", alpha, lo=1.0, allow_inf=True)
-  _validation.check_broadcast(q=q, sigma=sigma, alpha=alpha)
+  validation.check_range("q", q, lo=0.0, hi=1.0)
+  validation.check_range("sigma", sigma, lo=0.0)
+  validation.check_range("alpha", alpha, lo=1.0, allow_inf=True)
+  validation.check_broadcast(q=q, sigma=sigma, alpha=alpha)
   return log_a_and_rdp(q, sigma, alpha)[0]
 
 
@@ -729,22 +729,22 @@ def rdp_sampled_gaussian(q: jax.typing.ArrayLike, noise_multiplier: jax.typing.A
   References:
     Mironov, Talwar, Zhang (2019), arXiv:1908.10530, Sec. 3; Mironov (2017), Def. 3.
   """
-  _validation.check_range("q", q, lo=0.0, hi=1.0)
-  _validation.check_range("noise_multiplier", noise_multiplier, lo=0.0)
-  _validation.check_range("orders", orders, lo=1.0, allow_inf=True)
-  _validation.check_broadcast(q=q, noise_multiplier=noise_multiplier, orders=orders)
+  validation.check_range("q", q, lo=0.0, hi=1.0)
+  validation.check_range("noise_multiplier", noise_multiplier, lo=0.0)
+  validation.check_range("orders", orders, lo=1.0, allow_inf=True)
+  validation.check_broadcast(q=q, noise_multiplier=noise_multiplier, orders=orders)
   return log_a_and_rdp(q, noise_multiplier, orders)[1]
 
 
 def log_a_and_rdp(q, sigma, alpha):
   """(log A, RDP) without argument checks: the internal entry point (validate at the public
   boundary, then call this). Converts to floating arrays and broadcasts. Concrete inputs are
-  broadcast and flattened on the host and padded to :func:`jaxrdp._compile.bucket` elements
+  broadcast and flattened on the host and padded to :func:`jaxrdp._internal.compilation.bucket` elements
   (generic stand-ins), so that eager calls of any shape share a few compiled programs."""
-  q = _validation.as_float_array(q)
-  sigma = _validation.as_float_array(sigma)
-  alpha = _validation.as_float_array(alpha)
-  if not _validation.is_concrete((q, sigma, alpha)):
+  q = validation.as_float_array(q)
+  sigma = validation.as_float_array(sigma)
+  alpha = validation.as_float_array(alpha)
+  if not validation.is_concrete((q, sigma, alpha)):
     return _log_a_and_rdp_jit(q, sigma, alpha)
   dtype = jnp.result_type(q, sigma, alpha)
   if q.ndim == 0 and sigma.ndim == 0 and alpha.ndim == 1:
@@ -753,9 +753,9 @@ def log_a_and_rdp(q, sigma, alpha):
       return on_grid
   arrays = np.broadcast_arrays(*(np.asarray(v, dtype) for v in (q, sigma, alpha)))
   shape, n = arrays[0].shape, arrays[0].size
-  if n == 0 or n > _compile.BUCKET_MAX:
+  if n == 0 or n > compilation.BUCKET_MAX:
     return _log_a_and_rdp_jit(*(jnp.asarray(v) for v in arrays))
-  size = _compile.bucket(n)
+  size = compilation.bucket(n)
   flat = [np.concatenate([v.reshape(-1), np.full(size - n, fill, dtype)])
           for v, fill in zip(arrays, (0.5, 1.0, 2.0))]
   out = _log_a_and_rdp_jit(*flat)
@@ -781,13 +781,13 @@ def _on_concrete_grid(q, sigma, orders, dtype):
   return log_a_value[0], rdp[0]
 
 
-@functools.partial(_compile.jit, static_argnames=("split",),
+@functools.partial(compilation.jit, static_argnames=("split",),
                    work=lambda arguments: arguments["orders"].size)   # not the tables' size
 def _on_grid_jit(q, sigma, orders, split, tables):
   return log_a_and_rdp_at_orders(q, sigma, orders, split, tables, fallback=False)
 
 
-@_compile.jit
+@compilation.jit
 def _log_a_and_rdp_jit(q, sigma, alpha):
   dtype = jnp.result_type(q, sigma, alpha)
   q, sigma, alpha = jnp.broadcast_arrays(q.astype(dtype), sigma.astype(dtype), alpha.astype(dtype))
@@ -1588,7 +1588,7 @@ def log_a_and_rdp_at_orders(q, sigma, orders, split=None, tables=None, fallback=
   dtype = jnp.result_type(q, sigma, orders)
   qf, sf = (v.reshape(-1).astype(dtype) for v in (q, sigma))
   tables = tuple(jnp.asarray(t, dtype) for t in tables or ())
-  if any(_compile.batched(v) for v in (q, sigma)):   # under jax.vmap: flattened by its rule
+  if any(compilation.batched(v) for v in (q, sigma)):   # under jax.vmap: flattened by its rule
     stacked = _at_orders_kernel(split, fallback)(qf, sf, orders.astype(dtype), tables)
   else:   # (the wrappers cost tracing and lowering time where they are not needed)
     stacked = _at_orders_flat(qf, sf, orders.astype(dtype), tables, split, fallback)

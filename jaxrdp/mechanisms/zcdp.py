@@ -33,8 +33,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jaxrdp import _elementary
-from jaxrdp import _validation
+from jaxrdp._internal import numerics
+from jaxrdp._internal import validation
 
 _METHODS = ("tight", "simple")
 _NEWTON_STEPS = 64        # bisection alone would shrink a 700-wide bracket in v below 1e-16
@@ -59,8 +59,8 @@ def pure_dp_to_zcdp(epsilon: jax.typing.ArrayLike) -> jax.Array:
     Bun, Steinke, "Concentrated differential privacy: simplifications, extensions, and lower
     bounds", TCC 2016, arXiv:1605.02065, Prop. 1.4.
   """
-  _validation.check_range("epsilon", epsilon, lo=0.0, allow_inf=True)
-  eps = _validation.as_float_array(epsilon)
+  validation.check_range("epsilon", epsilon, lo=0.0, allow_inf=True)
+  eps = validation.as_float_array(epsilon)
   return jnp.where(eps >= 0, 0.5 * eps * eps, jnp.nan)
 
 
@@ -87,10 +87,10 @@ def rdp_zcdp(rho: jax.typing.ArrayLike, orders: jax.typing.ArrayLike,
   References:
     Bun, Steinke (2016), arXiv:1605.02065, Def. 1.1; as dp_accounting's ``ZCDpEvent``.
   """
-  _validation.check_range("rho", rho, lo=0.0)
-  _validation.check_range("orders", orders, lo=1.0, allow_inf=True)
-  _validation.check_range("xi", xi, lo=0.0)
-  _validation.check_broadcast(rho=rho, orders=orders, xi=xi)
+  validation.check_range("rho", rho, lo=0.0)
+  validation.check_range("orders", orders, lo=1.0, allow_inf=True)
+  validation.check_range("xi", xi, lo=0.0)
+  validation.check_broadcast(rho=rho, orders=orders, xi=xi)
   rho, alpha, xi = _common_dtype(rho, orders, xi)
   finite = jnp.isfinite(alpha)
   out = xi + rho * jnp.where(finite, alpha, 1.0)
@@ -124,10 +124,10 @@ def rdp_tcdp(rho: jax.typing.ArrayLike, omega: jax.typing.ArrayLike,
     Bun, Dwork, Rothblum, Steinke, "Composable and versatile privacy via truncated CDP",
     STOC 2018, Def. 1.
   """
-  _validation.check_range("rho", rho, lo=0.0)
-  _validation.check_range("omega", omega, lo=1.0, lo_open=True, allow_inf=True)
-  _validation.check_range("orders", orders, lo=1.0, allow_inf=True)
-  _validation.check_broadcast(rho=rho, omega=omega, orders=orders)
+  validation.check_range("rho", rho, lo=0.0)
+  validation.check_range("omega", omega, lo=1.0, lo_open=True, allow_inf=True)
+  validation.check_range("orders", orders, lo=1.0, allow_inf=True)
+  validation.check_broadcast(rho=rho, omega=omega, orders=orders)
   rho, omega, alpha = _common_dtype(rho, omega, orders)
   out = rho * jnp.where(jnp.isfinite(alpha), alpha, 1.0)
   out = jnp.where(alpha < omega, out, jnp.inf)
@@ -163,9 +163,9 @@ def zcdp_to_epsilon(rho: jax.typing.ArrayLike, delta: jax.typing.ArrayLike, *,
     arXiv:2004.00010, Cor. 13; Bun, Steinke (2016), arXiv:1605.02065, Prop. 1.3.
   """
   _check_method(method)
-  _validation.check_range("rho", rho, lo=0.0)
-  _validation.check_range("delta", delta, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
-  _validation.check_broadcast(rho=rho, delta=delta)
+  validation.check_range("rho", rho, lo=0.0)
+  validation.check_range("delta", delta, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+  validation.check_broadcast(rho=rho, delta=delta)
   rho, delta = _common_dtype(rho, delta)
   return _zcdp_to_epsilon(rho, delta, method)
 
@@ -190,19 +190,19 @@ def zcdp_to_delta(rho: jax.typing.ArrayLike, epsilon: jax.typing.ArrayLike) -> j
   References:
     Canonne, Kamath, Steinke (2020), arXiv:2004.00010, Cor. 13.
   """
-  _validation.check_range("rho", rho, lo=0.0)
-  _validation.check_range("epsilon", epsilon, lo=0.0, allow_inf=True)
-  _validation.check_broadcast(rho=rho, epsilon=epsilon)
+  validation.check_range("rho", rho, lo=0.0)
+  validation.check_range("epsilon", epsilon, lo=0.0, allow_inf=True)
+  validation.check_broadcast(rho=rho, epsilon=epsilon)
   rho, eps = _common_dtype(rho, epsilon)
   return _zcdp_to_delta(rho, eps)
 
 
 def _check_method(method):
-  _validation.check_choice("method", method, _METHODS)
+  validation.check_choice("method", method, _METHODS)
 
 
 def _common_dtype(*args):
-  arrays = [_validation.as_float_array(a) for a in args]
+  arrays = [validation.as_float_array(a) for a in args]
   dtype = jnp.result_type(*arrays)
   return jnp.broadcast_arrays(*[a.astype(dtype) for a in arrays])
 
@@ -271,10 +271,10 @@ def _zcdp_to_epsilon(rho, delta, method):
   stationarity = lambda v: r_stop * jnp.exp(2 * v) + jnp.logaddexp(0.0, v) - lam_stop
   v = jax.lax.stop_gradient(_safeguarded_newton(stationarity, v_lo, v_hi, v_hi))
   beta = jnp.exp(v)
-  log1p_beta = _elementary.log1p(beta)
+  log1p_beta = numerics.log1p(beta)
   # CKS Cor. 13 at alpha = 1 + beta: alpha rho + log(1 - 1/alpha) - (log delta + log alpha)/beta.
   t1 = (1 + beta) * r
-  t2 = -_elementary.log1p(1 / beta)
+  t2 = -numerics.log1p(1 / beta)
   t3 = (lam - log1p_beta) / beta
   allowance = ulp * (jnp.abs(t1) + jnp.abs(t2) + (lam + log1p_beta) / beta)
   eps = jnp.maximum(t1 + t2 + t3 + allowance, 0.0)
@@ -320,7 +320,7 @@ def _zcdp_to_delta(rho, eps):
   # log delta = beta (alpha rho - eps) + alpha log(1 - 1/alpha) - log beta.
   alpha_rho = (1 + beta) * r
   t1 = beta * (alpha_rho - e)
-  t2 = -(1 + beta) * _elementary.log1p(1 / beta)
+  t2 = -(1 + beta) * numerics.log1p(1 / beta)
   t3 = -v
   allowance = ulp * (1 + beta * (alpha_rho + e) + jnp.abs(t2) + jnp.abs(t3))
   log_delta = t1 + t2 + t3 + allowance

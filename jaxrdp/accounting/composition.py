@@ -9,9 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrdp import _compile
-from jaxrdp import _validation
-from jaxrdp import sampled_gaussian
+from jaxrdp._internal import compilation
+from jaxrdp._internal import validation
+from jaxrdp.mechanisms import sampled_gaussian
 
 
 def compute_rdp(q: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
@@ -45,21 +45,21 @@ def compute_rdp(q: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
     Prop. 1 (composition).
   """
   # q and noise_multiplier are checked here too, before they are converted and broadcast.
-  _validation.check_range("q", q, lo=0.0, hi=1.0)
-  _validation.check_range("noise_multiplier", noise_multiplier, lo=0.0)
-  _validation.check_range("steps", steps, lo=0.0)
-  _validation.check_range("orders", orders, lo=1.0, allow_inf=True)
-  _validation.check_broadcast(q=q, noise_multiplier=noise_multiplier, steps=steps)
+  validation.check_range("q", q, lo=0.0, hi=1.0)
+  validation.check_range("noise_multiplier", noise_multiplier, lo=0.0)
+  validation.check_range("steps", steps, lo=0.0)
+  validation.check_range("orders", orders, lo=1.0, allow_inf=True)
+  validation.check_broadcast(q=q, noise_multiplier=noise_multiplier, steps=steps)
   given = orders
-  orders = _validation.as_float_array(orders)
+  orders = validation.as_float_array(orders)
   if orders.ndim > 1:
     raise ValueError(f"orders must be a scalar or a 1-D array, got shape {orders.shape}.")
   # From the orders as given: under an outer jax.jit even a converted constant is a tracer,
   # and the split needs the concrete values.
   split = sampled_gaussian.order_split(given) if orders.ndim == 1 else None
   tables = sampled_gaussian.order_tables(given, split)
-  args = tuple(_validation.as_float_array(v) for v in (q, noise_multiplier, steps))
-  if split is None or not _validation.is_concrete((args, orders)):
+  args = tuple(validation.as_float_array(v) for v in (q, noise_multiplier, steps))
+  if split is None or not validation.is_concrete((args, orders)):
     return compute_rdp_unchecked(*args, orders, split, tables)
   # Concrete inputs: flattened on the host and padded to a bucketed batch size, so that calls
   # of any batch shape share a few compiled programs; the orders the exact sums and shared
@@ -68,11 +68,11 @@ def compute_rdp(q: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
   dtype = jnp.result_type(args[0], args[1], orders)   # as in rdp_of_steps
   q, sigma, steps = np.broadcast_arrays(*(np.asarray(v, dtype) for v in args))
   batch, n = q.shape, q.size
-  if n == 0 or n > _compile.BUCKET_MAX:
+  if n == 0 or n > compilation.BUCKET_MAX:
     rdp, pending = compute_rdp_unchecked(*args, orders, split, tables, fallback=False)
     q, sigma, steps = args
   else:
-    size = _compile.bucket(n)
+    size = compilation.bucket(n)
     pad = lambda v, fill: np.concatenate([v.reshape(-1), np.full(size - n, fill, dtype)])
     rdp, pending = compute_rdp_unchecked(pad(q, 0.5), pad(sigma, 1.0), pad(steps, 1.0),
                                          np.asarray(orders, dtype), split, tables, fallback=False)
@@ -80,7 +80,7 @@ def compute_rdp(q: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
     rdp, pending = np.asarray(rdp)[:n].reshape(shape), np.asarray(pending)[:n].reshape(shape)
   pending = np.asarray(pending)
   if not pending.any():
-    return _validation.to_device(rdp)
+    return validation.to_device(rdp)
   return sampled_gaussian.fill_pending(rdp, pending, q, sigma, orders, steps)
 
 
@@ -92,11 +92,11 @@ def _work(arguments):
 
 def rdp_of_steps(q, sigma, steps, orders, split=None, tables=None, fallback=True):
   """compute_rdp without argument checks (floating arrays; orders scalar or 1-D). ``split``:
-  :func:`jaxrdp.sampled_gaussian.order_split` of the concrete orders (static): integer
+  :func:`jaxrdp.mechanisms.sampled_gaussian.order_split` of the concrete orders (static): integer
   orders to the exact binomial sum (``tables``: their
-  :func:`jaxrdp.sampled_gaussian.order_tables`), fractional ones to the shared-node quadrature.
+  :func:`jaxrdp.mechanisms.sampled_gaussian.order_tables`), fractional ones to the shared-node quadrature.
   ``fallback=False`` (with a split): also returns which entries still need the per-order
-  quadrature (see :func:`jaxrdp.sampled_gaussian.log_a_and_rdp_at_orders`)."""
+  quadrature (see :func:`jaxrdp.mechanisms.sampled_gaussian.log_a_and_rdp_at_orders`)."""
   batch = jnp.broadcast_shapes(jnp.shape(q), jnp.shape(sigma), jnp.shape(steps))
   dtype = jnp.result_type(q, sigma, orders)
   q, sigma = (jnp.broadcast_to(v, batch).astype(dtype) for v in (q, sigma))
@@ -118,6 +118,6 @@ def rdp_of_steps(q, sigma, steps, orders, split=None, tables=None, fallback=True
 
 
 compute_rdp_unchecked = functools.partial(
-    _compile.jit, static_argnames=("split", "fallback"), work=_work)(rdp_of_steps)
+    compilation.jit, static_argnames=("split", "fallback"), work=_work)(rdp_of_steps)
 compute_rdp_unchecked.__doc__ = """:func:`rdp_of_steps` compiled on its own (an entry point; inside
 a traced function call :func:`rdp_of_steps`, which transformations trace once)."""

@@ -102,7 +102,7 @@ def jit(fun=None, *, static_argnames=(), work=None):
     if any(isinstance(x, jax.core.Tracer) for x in leaves):
       if any(_batched_in_a_trace(x) for x in leaves):
         # Inlined: a jax.jit function under jax.vmap is traced for the unbatched shapes,
-        # then batched, and a kernel with a batching rule (see jaxrdp.sampled_gaussian) would
+        # then batched, and a kernel with a batching rule (see jaxrdp.mechanisms.sampled_gaussian) would
         # be traced a second time by its rule. Inlined, only the rule traces it; the
         # enclosing trace compiles it all the same.
         return fun(*args, **kwargs)

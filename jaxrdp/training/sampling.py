@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxrdp import _validation
+from jaxrdp._internal import validation
 
 _CHUNK = 1 << 16          # examples whose random bits are drawn at once
 _TERMS = 4096             # binomial terms evaluated per block in the tail sums
@@ -61,7 +61,7 @@ def _threshold(q):
 
   t = floor(q' 2^32) with q' = min(q, float32(q)): the selection probability t / 2^32 is at
   most q in both float64 and float32, whichever dtype the accountant uses."""
-  if _validation.is_concrete(q):
+  if validation.is_concrete(q):
     qv = float(np.asarray(q, np.float64))
     qv = min(qv, float(np.float32(qv)))
     if qv >= 1.0:
@@ -118,20 +118,20 @@ def poisson_sample(key: jax.Array, dataset_size: int, sampling_rate: jax.typing.
   if key is None or isinstance(key, (int, np.integer)):
     raise TypeError("key must be a PRNG key (jax.random.key(...)), split freshly for every "
                     f"batch; got {key!r}.")
-  _validation.canonical_key(key)  # a TypeError / ValueError naming the key for anything else
+  validation.canonical_key(key)  # a TypeError / ValueError naming the key for anything else
   n = _check_static_int("dataset_size", dataset_size, 1)
   m = _check_static_int("max_batch_size", max_batch_size, 1)
   if n >= 2 ** 31:
     raise ValueError(f"dataset_size must be below 2**31 (int32 indices), got {n}.")
-  _validation.check_range("sampling_rate", sampling_rate, lo=0.0, hi=1.0, lo_open=True)
+  validation.check_range("sampling_rate", sampling_rate, lo=0.0, hi=1.0, lo_open=True)
   if jnp.ndim(sampling_rate) != 0:
     raise ValueError(f"sampling_rate must be a scalar, got shape {jnp.shape(sampling_rate)}.")
-  _validation.check_range("max_overflow_probability", max_overflow_probability, lo=0.0, hi=1.0)
+  validation.check_range("max_overflow_probability", max_overflow_probability, lo=0.0, hi=1.0)
   if np.ndim(max_overflow_probability) != 0:
     raise ValueError("max_overflow_probability must be a scalar, got shape "
                      f"{np.shape(max_overflow_probability)}.")
   max_overflow_probability = float(max_overflow_probability)
-  if _validation.is_concrete(sampling_rate):
+  if validation.is_concrete(sampling_rate):
     p = poisson_overflow_probability(n, float(np.asarray(sampling_rate)), m)
     if p > max_overflow_probability:
       suggestion = poisson_max_batch_size(n, float(np.asarray(sampling_rate)),
@@ -193,7 +193,7 @@ def _logsumexp(x):
 
 
 def _scalar_rate(sampling_rate, **limits) -> float:
-  _validation.check_range("sampling_rate", sampling_rate, lo=0.0, hi=1.0, **limits)
+  validation.check_range("sampling_rate", sampling_rate, lo=0.0, hi=1.0, **limits)
   if np.ndim(sampling_rate) != 0:
     raise ValueError(f"sampling_rate must be a scalar, got shape {np.shape(sampling_rate)}.")
   return float(sampling_rate)
@@ -291,7 +291,7 @@ def poisson_max_batch_size(dataset_size: int, sampling_rate: float,
   """
   n = _check_static_int("dataset_size", dataset_size, 1)
   q = _scalar_rate(sampling_rate, lo_open=True)
-  _validation.check_range("overflow_probability", overflow_probability, lo=0.0, hi=1.0, hi_open=True)
+  validation.check_range("overflow_probability", overflow_probability, lo=0.0, hi=1.0, hi_open=True)
   p = lambda m: poisson_overflow_probability(n, q, m)
   mean, sd = n * q, math.sqrt(n * q * (1 - q))
   hi = min(n, math.ceil(mean + 8 * sd + 16))
@@ -331,8 +331,8 @@ def poisson_truncation_delta(dataset_size: int, sampling_rate: float, max_batch_
     TypeError: an argument that is not real-valued.
   """
   n = _check_static_int("dataset_size", dataset_size, 0)
-  _validation.check_range("steps", steps, lo=0.0)
-  _validation.check_range("epsilon", epsilon, lo=0.0, allow_inf=True)
+  validation.check_range("steps", steps, lo=0.0)
+  validation.check_range("epsilon", epsilon, lo=0.0, allow_inf=True)
   p = poisson_overflow_probability(n + 1, sampling_rate, max_batch_size)
   if p == 0.0 or steps == 0:
     return 0.0

@@ -101,10 +101,10 @@ import jax.numpy as jnp
 from jax import lax
 import optax
 
-from jaxrdp import _validation
-from jaxrdp.microbatch import batch_size_of, check_mask
-from jaxrdp.sampling import poisson_sample
-from jaxrdp.transform import DifferentiallyPrivateAggregateState
+from jaxrdp._internal import validation
+from jaxrdp.training.microbatch import batch_size_of, check_mask
+from jaxrdp.training.sampling import poisson_sample
+from jaxrdp.training.transform import DifferentiallyPrivateAggregateState
 
 TransformOrFactory = Union[optax.GradientTransformation,
                            Callable[[jax.Array], optax.GradientTransformation]]
@@ -166,10 +166,10 @@ def _check_probability(name, x, hi_open=True):
   """A real scalar in (0, 1) (or (0, 1] with ``hi_open=False``), as a Python float."""
   if x is None or isinstance(x, (bool, np.bool_)):
     raise TypeError(f"{name} must be a real number, got {x!r}.")
-  _validation.check_float_dtype(name, x)
+  validation.check_float_dtype(name, x)
   if np.ndim(x) != 0:
     raise ValueError(f"{name} must be a scalar, got shape {np.shape(x)}.")
-  _validation.check_range(name, x, lo=0.0, hi=1.0, lo_open=True, hi_open=hi_open)
+  validation.check_range(name, x, lo=0.0, hi=1.0, lo_open=True, hi_open=hi_open)
   return float(np.asarray(x))
 
 
@@ -411,7 +411,7 @@ def audit_statistics(tx_or_factory: TransformOrFactory, per_example_grads: Any,
   """
   batch, mask = _check_inputs(per_example_grads, canary_index, num_trials, num_steps,
                               sampling_rate, trials_per_batch, mask)
-  raw_key, impl = _validation.canonical_key(key)
+  raw_key, impl = validation.canonical_key(key)
   base = jax.random.wrap_key_data(raw_key, impl=impl) if impl else jax.random.wrap_key_data(raw_key)
   k_absent, k_present, k_inclusion = jax.random.split(base, 3)
   if statistic is None:

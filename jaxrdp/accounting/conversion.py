@@ -35,7 +35,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxrdp import _compile, _elementary, _validation
+from jaxrdp._internal import compilation
+from jaxrdp._internal import numerics
+from jaxrdp._internal import validation
 
 METHODS = ("improved", "classic")   # the conversions of compute_epsilon's ``method``
 _RDP_ULPS = 4096            # relative accuracy assumed of float64 RDP values, in units of eps
@@ -51,10 +53,10 @@ def _round_up(rdp):
 
 
 def _check_curve(orders, rdp):
-  _validation.check_range("orders", orders, lo=1.0, allow_inf=True, allow_nan=True)
-  _validation.check_range("rdp", rdp, lo=0.0, allow_inf=True, allow_nan=True)
-  orders = _validation.as_float_array(orders)
-  rdp = _validation.as_float_array(rdp)
+  validation.check_range("orders", orders, lo=1.0, allow_inf=True, allow_nan=True)
+  validation.check_range("rdp", rdp, lo=0.0, allow_inf=True, allow_nan=True)
+  orders = validation.as_float_array(orders)
+  rdp = validation.as_float_array(rdp)
   if orders.ndim != 1 or rdp.ndim < 1 or rdp.shape[-1] != orders.shape[0]:
     raise ValueError("orders must be 1-D and rdp must end with an axis of the same length; got "
                      f"orders.shape={orders.shape}, rdp.shape={rdp.shape}.")
@@ -71,7 +73,7 @@ def _best_over_orders(values, orders):
 
 
 def _check_method(method):
-  _validation.check_choice("method", method, METHODS)
+  validation.check_choice("method", method, METHODS)
 
 
 def compute_epsilon(orders: jax.typing.ArrayLike, rdp: jax.typing.ArrayLike,
@@ -104,13 +106,13 @@ def compute_epsilon(orders: jax.typing.ArrayLike, rdp: jax.typing.ArrayLike,
   """
   _check_method(method)
   orders, rdp = _check_curve(orders, rdp)
-  _validation.check_range("delta", delta, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
-  _validation.check_broadcast(**{"rdp.shape[:-1]": jax.ShapeDtypeStruct(rdp.shape[:-1], rdp.dtype), "delta": delta})
-  delta = _validation.as_float_array(delta).astype(rdp.dtype)
+  validation.check_range("delta", delta, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+  validation.check_broadcast(**{"rdp.shape[:-1]": jax.ShapeDtypeStruct(rdp.shape[:-1], rdp.dtype), "delta": delta})
+  delta = validation.as_float_array(delta).astype(rdp.dtype)
   return _epsilon_and_order(orders, rdp, delta, method)
 
 
-@_compile.jit(static_argnames=("method",))
+@compilation.jit(static_argnames=("method",))
 def _epsilon_and_order(orders, rdp, delta, method):
   """compute_epsilon after its checks, as one compiled program: run operation by operation,
   a first call compiled each of its ~40 operations on its own (1.6 s in a fresh process)."""
@@ -131,7 +133,7 @@ def epsilon_at_orders(orders, rdp, delta, method="improved"):
   r = jnp.where(usable & jnp.isfinite(rdp), _round_up(rdp), 0.0)
   log_delta = jnp.log(delta)
   if method == "improved":
-    eps = r + _elementary.log1p(-1 / a) - (log_delta + jnp.log(a)) / (a - 1)
+    eps = r + numerics.log1p(-1 / a) - (log_delta + jnp.log(a)) / (a - 1)
   else:
     eps = r - log_delta / (a - 1)
   inf = jnp.full_like(eps, jnp.inf)
@@ -168,13 +170,13 @@ def compute_delta(orders: jax.typing.ArrayLike, rdp: jax.typing.ArrayLike,
   """
   _check_method(method)
   orders, rdp = _check_curve(orders, rdp)
-  _validation.check_range("epsilon", epsilon, lo=0.0, allow_inf=True)
-  _validation.check_broadcast(**{"rdp.shape[:-1]": jax.ShapeDtypeStruct(rdp.shape[:-1], rdp.dtype), "epsilon": epsilon})
-  eps = _validation.as_float_array(epsilon).astype(rdp.dtype)[..., None]
+  validation.check_range("epsilon", epsilon, lo=0.0, allow_inf=True)
+  validation.check_broadcast(**{"rdp.shape[:-1]": jax.ShapeDtypeStruct(rdp.shape[:-1], rdp.dtype), "epsilon": epsilon})
+  eps = validation.as_float_array(epsilon).astype(rdp.dtype)[..., None]
   return _delta_and_order(orders, rdp, eps, method)
 
 
-@_compile.jit(static_argnames=("method",))
+@compilation.jit(static_argnames=("method",))
 def _delta_and_order(orders, rdp, eps, method):
   """compute_delta after its checks, as one compiled program (see :func:`_epsilon_and_order`)."""
   usable = ~jnp.isnan(orders) & ~jnp.isnan(rdp) & (orders >= 1)
@@ -188,7 +190,7 @@ def _delta_and_order(orders, rdp, eps, method):
   log_kl = jnp.where(r > 0, 0.5 * jnp.log(-jnp.expm1(-r_pos)), -inf)
   gap = r - eps
   if method == "improved":
-    log_rdp = (a - 1) * (gap + _elementary.log1p(-1 / a)) - jnp.log(a)
+    log_rdp = (a - 1) * (gap + numerics.log1p(-1 / a)) - jnp.log(a)
   else:
     log_rdp = (a - 1) * gap
   # alpha = inf: delta = 0 when r <= eps, no bound otherwise.

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrdp import _validation
+from jaxrdp._internal import validation
 
 _MARGIN_ULPS = 16   # safety margin of the conditions, in ulps of the sum of their terms' sizes
 _ROUND_UP_ULPS = 4  # 2q²α/σ² takes four roundings (≤ 2 ulps); the result is raised by this
@@ -75,14 +75,14 @@ def rdp_sampled_gaussian_closed_form(sampling_rate: jax.typing.ArrayLike,
     Mironov, Talwar, Zhang, "Rényi Differential Privacy of the Sampled Gaussian Mechanism",
     arXiv:1908.10530, Sec. 3.2, Theorem 11 (Lemmas 9 and 10).
   """
-  _validation.check_range("sampling_rate", sampling_rate, lo=0.0, hi=1.0)
-  _validation.check_range("noise_multiplier", noise_multiplier, lo=0.0)
-  _validation.check_range("orders", orders, lo=1.0, allow_inf=True)
-  _validation.check_broadcast(sampling_rate=sampling_rate, noise_multiplier=noise_multiplier,
+  validation.check_range("sampling_rate", sampling_rate, lo=0.0, hi=1.0)
+  validation.check_range("noise_multiplier", noise_multiplier, lo=0.0)
+  validation.check_range("orders", orders, lo=1.0, allow_inf=True)
+  validation.check_broadcast(sampling_rate=sampling_rate, noise_multiplier=noise_multiplier,
                               orders=orders)
-  q = _validation.as_float_array(sampling_rate)
-  sigma = _validation.as_float_array(noise_multiplier)
-  alpha = _validation.as_float_array(orders)
+  q = validation.as_float_array(sampling_rate)
+  sigma = validation.as_float_array(noise_multiplier)
+  alpha = validation.as_float_array(orders)
   return _closed_form(q, sigma, alpha)
 
 

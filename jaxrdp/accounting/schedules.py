@@ -34,13 +34,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrdp import _compile
-from jaxrdp import _validation
-from jaxrdp._order_search import grid_epsilon
-from jaxrdp.accounting import (_REFINE_STEPS, _check_schedule, _dpsgd_epsilon, _orders, _phases,
+from jaxrdp._internal import compilation
+from jaxrdp._internal import validation
+from jaxrdp.accounting.order_search import grid_epsilon
+from jaxrdp.accounting.dpsgd import (_REFINE_STEPS, _check_schedule, _dpsgd_epsilon, _orders, _phases,
                                _schedule_rdp)
-from jaxrdp.composition import compute_rdp
-from jaxrdp.conversion import compute_epsilon
+from jaxrdp.accounting.composition import compute_rdp
+from jaxrdp.accounting.conversion import compute_epsilon
 
 _PROJECTION_STEPS = 60   # at most this many evaluations of the final safe re-scaling
 
@@ -101,10 +101,10 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array],
   if not callable(utility):
     raise TypeError(f"utility must be a callable utility(noise_multiplier, sampling_rate), got "
                     f"{type(utility).__name__}.")
-  _validation.check_range("target_epsilon", target_epsilon, lo=0.0, lo_open=True)
+  validation.check_range("target_epsilon", target_epsilon, lo=0.0, lo_open=True)
   _check_schedule(sampling_rate, noise_multiplier, steps, delta)
-  _validation.check_range("noise_multiplier", noise_multiplier, lo=0.0, lo_open=True)
-  num_iterations = _validation.check_int("num_iterations", num_iterations, lo=0)
+  validation.check_range("noise_multiplier", noise_multiplier, lo=0.0, lo_open=True)
+  num_iterations = validation.check_int("num_iterations", num_iterations, lo=0)
   q, sigma0, t = _phases(sampling_rate, noise_multiplier, steps)
   if not bool(jnp.any((q > 0) & (t > 0))):
     raise ValueError("the schedule spends no privacy (every phase has sampling_rate = 0 or "
@@ -223,7 +223,7 @@ def epsilon_trajectory(sampling_rate: jax.typing.ArrayLike, noise_multiplier: ja
     ValueError: an argument outside its range (the message names it, the range and the value).
   """
   _check_schedule(sampling_rate, noise_multiplier, steps, delta)
-  _validation.check_range("at_steps", at_steps, lo=0.0)
+  validation.check_range("at_steps", at_steps, lo=0.0)
   q, sigma, t = _phases(sampling_rate, noise_multiplier, steps)
   grid = _orders(orders, q.dtype)
   at = jnp.atleast_1d(jnp.asarray(at_steps, q.dtype))
@@ -237,7 +237,7 @@ def epsilon_trajectory(sampling_rate: jax.typing.ArrayLike, noise_multiplier: ja
   return eps.reshape(jnp.shape(at_steps))
 
 
-@_compile.jit
+@compilation.jit
 def _prefix_epsilon(q, sigma, prefix, delta, grid, per_step):
 
   def one(tt):

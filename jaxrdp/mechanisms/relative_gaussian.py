@@ -32,7 +32,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxrdp import _elementary, _validation
+from jaxrdp._internal import numerics
+from jaxrdp._internal import validation
 
 # S(v) = sum_k v^k/(2k+3), the tail of atanh(w) = w + w^3 S(w^2). Used for v <= 1/9, where the
 # first omitted term (1/9)^20/43 < 2e-21 is below float64 resolution.
@@ -45,7 +46,7 @@ _OUTPUT_ULPS = 16
 
 
 def _atanh_tail(v):
-  return _elementary._horner(v, _ATANH_TAIL_COEFFS)  # pylint: disable=protected-access
+  return numerics._horner(v, _ATANH_TAIL_COEFFS)  # pylint: disable=protected-access
 
 
 def _neg_log1m_minus_x_over_x(x, den_lo):
@@ -77,7 +78,7 @@ def _eta_minus_log1p(eta):
   z = es / (2 + es)
   series = 2 * z * z / (1 - z) - 2 * z * z * z * _atanh_tail(z * z)
   eb = jnp.where(small, 2.0, eta)
-  direct = eb - _elementary.log1p(eb)
+  direct = eb - numerics.log1p(eb)
   return jnp.where(small, series, direct)
 
 
@@ -122,18 +123,18 @@ def rdp_relative_gaussian(alpha: jax.typing.ArrayLike, eta: jax.typing.ArrayLike
     measures for commonly used univariate continuous distributions", Information Sciences
     2013. Derivation of the supremum: ``docs/relative_gaussian.md``.
   """
-  _validation.check_range("alpha", alpha, lo=1.0, allow_inf=True)
-  _validation.check_range("eta", eta, lo=0.0, lo_open=True)
-  _validation.check_range("gamma", gamma, lo=0.0, lo_open=True)
-  _validation.check_range("dim", dim, lo=1.0)
-  _validation.check_broadcast(alpha=alpha, eta=eta, gamma=gamma, dim=dim)
-  if _validation.is_concrete(dim):
+  validation.check_range("alpha", alpha, lo=1.0, allow_inf=True)
+  validation.check_range("eta", eta, lo=0.0, lo_open=True)
+  validation.check_range("gamma", gamma, lo=0.0, lo_open=True)
+  validation.check_range("dim", dim, lo=1.0)
+  validation.check_broadcast(alpha=alpha, eta=eta, gamma=gamma, dim=dim)
+  if validation.is_concrete(dim):
     d = jnp.asarray(dim)
     if not bool(jnp.all(d == jnp.floor(d))):
       raise ValueError(f"dim must be a positive integer; got {dim!r}.")
-  a = _validation.as_float_array(alpha)
-  e = _validation.as_float_array(eta)
-  g = _validation.as_float_array(gamma)
+  a = validation.as_float_array(alpha)
+  e = validation.as_float_array(eta)
+  g = validation.as_float_array(gamma)
   dtype = jnp.result_type(a, e, g)
   d = jnp.asarray(dim).astype(dtype)
   return _rdp_relative_gaussian(a.astype(dtype), e.astype(dtype), g.astype(dtype), d)

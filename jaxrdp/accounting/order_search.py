@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxrdp.conversion import compute_epsilon, epsilon_at_orders
+from jaxrdp.accounting.conversion import compute_epsilon, epsilon_at_orders
 
 _BATCH = 8          # orders evaluated per step of the search
 _MIN_GRID = 24      # smaller grids are evaluated whole

@@ -48,11 +48,11 @@ import jax.numpy as jnp
 from jax import lax
 import optax
 
-from jaxrdp import _validation
-from jaxrdp.composition import compute_rdp
-from jaxrdp.conversion import compute_epsilon
-from jaxrdp.microbatch import ClippedGradSum, batch_size_of, clip_and_sum
-from jaxrdp.orders import DEFAULT_ORDERS
+from jaxrdp._internal import validation
+from jaxrdp.accounting.composition import compute_rdp
+from jaxrdp.accounting.conversion import compute_epsilon
+from jaxrdp.training.microbatch import ClippedGradSum, batch_size_of, clip_and_sum
+from jaxrdp.accounting.orders import DEFAULT_ORDERS
 
 ScalarOrSchedule = Union[float, jax.typing.ArrayLike, Callable[[jax.Array], jax.typing.ArrayLike]]
 
@@ -95,7 +95,7 @@ def _value(x, count):
 
 def _is_fixed(x) -> bool:
   """A value known now (not a schedule, not a tracer): its RDP can be computed once."""
-  return not callable(x) and _validation.is_concrete(x)
+  return not callable(x) and validation.is_concrete(x)
 
 
 # Allowed ranges; concrete values are checked eagerly, schedules at every eager evaluation.
@@ -112,7 +112,7 @@ def _checked(name, x, **limits):
   if x is None:
     raise TypeError(f"{name} is required (got None).")
   if not callable(x):
-    _validation.check_range(name, x, **limits)
+    validation.check_range(name, x, **limits)
     if jnp.ndim(x) != 0:
       raise ValueError(f"{name} must be a scalar or a schedule (callable of the step count); "
                        f"got shape {jnp.shape(x)}.")
@@ -199,15 +199,15 @@ def differentially_private_aggregate(
     "Rényi Differential Privacy", 2017, Prop. 1; Mironov, Talwar, Zhang, "Rényi Differential
     Privacy of the Sampled Gaussian Mechanism", arXiv:1908.10530, 2019.
   """
-  raw_key, impl = _validation.canonical_key(key)
+  raw_key, impl = validation.canonical_key(key)
   hyper = {"l2_norm_clip": l2_norm_clip, "noise_multiplier": noise_multiplier,
            "sampling_rate": sampling_rate, "expected_batch_size": expected_batch_size}
   for name, x in hyper.items():
     _checked(name, x, **_LIMITS[name])
   dtype = _accountant_dtype(accountant_dtype)
   orders = DEFAULT_ORDERS if orders is None else orders
-  _validation.check_range("orders", orders, lo=1.0, allow_inf=True)
-  if not _validation.is_concrete(orders):
+  validation.check_range("orders", orders, lo=1.0, allow_inf=True)
+  if not validation.is_concrete(orders):
     raise TypeError("orders must be concrete (a NumPy array or list), not a traced value.")
   orders = np.asarray(orders, dtype=dtype)
   if orders.ndim != 1:
@@ -265,7 +265,7 @@ def differentially_private_aggregate(
     changed = (q != state.sampling_rate) | (sigma != state.noise_multiplier)
     if fixed:
       step_rdp = jnp.where(changed, jnp.asarray(fixed_step_rdp()), state.step_rdp)
-    elif _validation.is_concrete((changed,)):  # eager use: no cond to compile
+    elif validation.is_concrete((changed,)):  # eager use: no cond to compile
       step_rdp = jnp.asarray(rdp_now(q, sigma)) if bool(changed) else state.step_rdp
     else:
       step_rdp = lax.cond(changed, lambda: compute_rdp(q, sigma, 1, orders).astype(dtype),
@@ -297,8 +297,8 @@ def differentially_private_aggregate(
         raise ValueError("mask must be None when updates is a ClippedGradSum (the mask was "
                          "applied by clipped_grad_sum).")
       sums = updates.grad_sum
-      _validation.check_range("ClippedGradSum.l2_norm_clip", updates.l2_norm_clip, lo=0.0)
-      if _validation.is_concrete((updates.l2_norm_clip, clip)) and not (
+      validation.check_range("ClippedGradSum.l2_norm_clip", updates.l2_norm_clip, lo=0.0)
+      if validation.is_concrete((updates.l2_norm_clip, clip)) and not (
           float(updates.l2_norm_clip) <= float(clip)):
         raise ValueError(f"the ClippedGradSum was clipped at {float(updates.l2_norm_clip)}, above "
                          f"this transform's l2_norm_clip={float(clip)}: the noise would be too small.")
@@ -386,9 +386,9 @@ def dpsgd(learning_rate: optax.ScalarOrSchedule, l2_norm_clip: ScalarOrSchedule,
   """
   # optax accepts anything here; a NaN would only show up as NaN parameters after a step.
   if learning_rate is None or not callable(learning_rate):
-    _validation.check_range("learning_rate", learning_rate)
+    validation.check_range("learning_rate", learning_rate)
   if momentum is not None:
-    _validation.check_range("momentum", momentum)
+    validation.check_range("momentum", momentum)
   return optax.chain(
       differentially_private_aggregate(
           l2_norm_clip, noise_multiplier, key, sampling_rate=sampling_rate,
@@ -457,12 +457,12 @@ def privacy_spent(opt_state, delta: jax.typing.ArrayLike, *,
   """
   state_orders, rdp = rdp_spent(opt_state)
   if orders is not None:
-    _validation.check_range("orders", orders, lo=1.0, allow_inf=True)
+    validation.check_range("orders", orders, lo=1.0, allow_inf=True)
     wanted = jnp.atleast_1d(jnp.asarray(orders, state_orders.dtype))
     if wanted.ndim != 1:
       raise ValueError(f"orders must be a scalar or 1-D, got shape {wanted.shape}.")
     hit = wanted[:, None] == state_orders[None, :]
-    if _validation.is_concrete((hit,)) and not bool(jnp.all(jnp.any(hit, axis=1))):
+    if validation.is_concrete((hit,)) and not bool(jnp.all(jnp.any(hit, axis=1))):
       missing = np.asarray(wanted)[~np.asarray(jnp.any(hit, axis=1))]
       raise ValueError(f"orders {missing.tolist()} are not among the accountant's orders.")
     # Orders not asked for are marked NaN, which compute_epsilon skips.

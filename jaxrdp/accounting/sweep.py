@@ -48,10 +48,10 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, PartitionSpec
 
-from jaxrdp import _validation
-from jaxrdp.accounting import _calibrate_sigma, _orders
-from jaxrdp.conversion import compute_epsilon
-from jaxrdp.sampled_gaussian import fill_pending, log_a_and_rdp_at_orders, order_split, order_tables
+from jaxrdp._internal import validation
+from jaxrdp.accounting.dpsgd import _calibrate_sigma, _orders
+from jaxrdp.accounting.conversion import compute_epsilon
+from jaxrdp.mechanisms.sampled_gaussian import fill_pending, log_a_and_rdp_at_orders, order_split, order_tables
 
 _AXIS = "grid"
 # Items (pairs or searches) are evaluated in blocks of a fixed number, lax.map'ed over a device's
@@ -258,7 +258,7 @@ def _sharded(local, mesh, n_sharded, n_replicated):
 @functools.lru_cache(maxsize=None)
 def _per_step_rdp_fn(mesh, block, split):
   """(pairs,), (pairs,), (K,), tables -> per-step RDP (pairs, K) and the entries still to compute
-  by the per-order quadrature (see :func:`jaxrdp.sampled_gaussian.fill_pending`); each device
+  by the per-order quadrature (see :func:`jaxrdp.mechanisms.sampled_gaussian.fill_pending`); each device
   on its share of pairs. ``split``: order_split of the grid (exact sums at integer orders,
   shared nodes at fractional ones)."""
   def local(q, sigma, grid, tables):
@@ -315,15 +315,15 @@ def _run_pipelined(tasks, collect, progress_bar, total):
 def _grid_axis(name, x, **bounds):
   if x is None:
     raise TypeError(f"{name} is required, got None.")
-  _validation.check_float_dtype(name, x)
-  if not _validation.is_concrete(x):
+  validation.check_float_dtype(name, x)
+  if not validation.is_concrete(x):
     raise TypeError(f"{name}: the sweep runs its own compiled chunks and cannot be traced; "
                     "call it outside jax.jit / jax.vmap / jax.grad.")
-  v = _validation.as_float_array(x)
+  v = validation.as_float_array(x)
   if v.ndim != 1:
     raise ValueError(f"{name} must be a 1-D array (one entry per grid point), got shape "
                      f"{v.shape}.")
-  _validation.check_range(name, v, **bounds)
+  validation.check_range(name, v, **bounds)
   return v
 
 

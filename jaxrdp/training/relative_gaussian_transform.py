@@ -22,8 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxrdp import _validation
-from jaxrdp.relative_gaussian import rdp_relative_gaussian
+from jaxrdp._internal import validation
+from jaxrdp.mechanisms.relative_gaussian import rdp_relative_gaussian
 
 
 class RelativeGaussianNoiseState(NamedTuple):
@@ -40,7 +40,7 @@ class RelativeGaussianNoiseState(NamedTuple):
 
 def _typed_key(key) -> jax.Array:
   """A typed PRNG key from a typed key, a raw ``uint32`` key or an int seed; never a default."""
-  data, impl = _validation.canonical_key(key)
+  data, impl = validation.canonical_key(key)
   return jax.random.wrap_key_data(data) if impl is None else jax.random.wrap_key_data(data, impl=impl)
 
 
@@ -99,12 +99,12 @@ def relative_gaussian_noise(eta: jax.typing.ArrayLike, gamma: jax.typing.ArrayLi
     Gradient Descent", AISTATS 2024, arXiv:2308.15250, Def. 2, Def. 3, Sec. 5 (private
     gradient descent); code github.com/HadrienHx/RGM (``noisers.py``).
   """
-  _validation.check_range("eta", eta, lo=0.0, lo_open=True)
-  _validation.check_range("gamma", gamma, lo=0.0, lo_open=True)
-  _validation.check_range("sigma", sigma, lo=0.0)
+  validation.check_range("eta", eta, lo=0.0, lo_open=True)
+  validation.check_range("gamma", gamma, lo=0.0, lo_open=True)
+  validation.check_range("sigma", sigma, lo=0.0)
   if r_rel is not None:
-    _validation.check_range("r_rel", r_rel, lo=0.0)
-    if _validation.is_concrete((eta, gamma, sigma, r_rel)):
+    validation.check_range("r_rel", r_rel, lo=0.0)
+    if validation.is_concrete((eta, gamma, sigma, r_rel)):
       need = np.asarray(gamma, np.float64) * np.asarray(r_rel, np.float64)
       have = np.asarray(sigma, np.float64) * np.asarray(eta, np.float64)
       if np.any(have < need * (1 - 4 * np.finfo(np.float64).eps)):
@@ -164,9 +164,9 @@ def rdp_relative_gaussian_descent(alpha: jax.typing.ArrayLike, eta: jax.typing.A
     Hendrikx, Mangold, Bellet (2024), arXiv:2308.15250, Thm. 1; Mironov, "Rényi differential
     privacy", CSF 2017, arXiv:1702.07476, Prop. 1.
   """
-  _validation.check_range("steps", steps, lo=0.0)
-  _validation.check_broadcast(alpha=alpha, eta=eta, gamma=gamma, dim=dim, steps=steps)
+  validation.check_range("steps", steps, lo=0.0)
+  validation.check_broadcast(alpha=alpha, eta=eta, gamma=gamma, dim=dim, steps=steps)
   rdp = rdp_relative_gaussian(alpha, eta, gamma, dim)
-  t = _validation.as_float_array(steps).astype(rdp.dtype)
+  t = validation.as_float_array(steps).astype(rdp.dtype)
   out = jnp.where(t == 0, jnp.zeros_like(rdp), t * rdp)
   return jnp.where(t >= 0, out, jnp.nan)

@@ -20,7 +20,7 @@ Usage::
   Privacy's tutorials and Abadi et al. (2016) reported — looser, for reconciling published
   numbers with jaxrdp's.
 
-``sweep`` evaluates ε over the grid of all combinations (:func:`jaxrdp.sweep`: grid orders,
+``sweep`` evaluates ε over the grid of all combinations (:func:`jaxrdp.accounting.sweep`: grid orders,
 every cell equal to ``dpsgd_epsilon(..., refine_order=False)``) and writes a table and/or a
 heatmap; grid values are comma lists or ranges ``START:STOP:NUM[:log]`` (see ``jaxrdp sweep -h``).
 
@@ -45,7 +45,7 @@ import jax
 import numpy as np
 
 import jaxrdp
-from jaxrdp.sweep import sweep as _sweep
+from jaxrdp.accounting.sweep import sweep as _sweep
 
 _PROG = "jaxrdp"
 _PLOT_POINTS = 40

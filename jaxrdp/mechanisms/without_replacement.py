@@ -70,7 +70,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxrdp import _validation
+from jaxrdp._internal import validation
 
 _TRACED_MAX_ORDER = 1024     # number of terms when ``orders`` is traced (no concrete maximum)
 _CONCRETE_ORDER_CAP = 4096   # at most this many terms when it comes from concrete orders
@@ -116,15 +116,15 @@ def rdp_sampled_gaussian_without_replacement(
     moments accountant", AISTATS 2019, arXiv:1808.00087, Theorem 27 and Corollary 10;
     dp_accounting ``rdp_privacy_accountant._compute_rdp_sample_wor_gaussian``.
   """
-  _validation.check_range("sampling_rate", sampling_rate, lo=0.0, hi=1.0)
-  _validation.check_range("noise_multiplier", noise_multiplier, lo=0.0)
-  _validation.check_range("orders", orders, lo=1.0, allow_inf=True)
-  _validation.check_broadcast(sampling_rate=sampling_rate, noise_multiplier=noise_multiplier,
+  validation.check_range("sampling_rate", sampling_rate, lo=0.0, hi=1.0)
+  validation.check_range("noise_multiplier", noise_multiplier, lo=0.0)
+  validation.check_range("orders", orders, lo=1.0, allow_inf=True)
+  validation.check_broadcast(sampling_rate=sampling_rate, noise_multiplier=noise_multiplier,
                               orders=orders)
   n_max = _static_max_order(orders, max_order)
-  q = _validation.as_float_array(sampling_rate)
-  sigma = _validation.as_float_array(noise_multiplier)
-  alpha = _validation.as_float_array(orders)
+  q = validation.as_float_array(sampling_rate)
+  sigma = validation.as_float_array(noise_multiplier)
+  alpha = validation.as_float_array(orders)
   return _without_replacement(q, sigma, alpha, n_max)
 
 
@@ -135,7 +135,7 @@ def _static_max_order(orders, max_order):
     if not 2 <= max_order <= 65536:
       raise ValueError(f"max_order must lie in [2, 65536]; got {max_order!r}.")
     return int(max_order)
-  if not _validation.is_concrete(orders):
+  if not validation.is_concrete(orders):
     return _TRACED_MAX_ORDER
   values = np.asarray(orders, dtype=np.float64)
   finite = values[np.isfinite(values)]

@@ -33,8 +33,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxrdp import _elementary
-from jaxrdp import _validation
+from jaxrdp._internal import numerics
+from jaxrdp._internal import validation
 
 
 def rdp_randomized_response(p: jax.typing.ArrayLike, orders: jax.typing.ArrayLike) -> jax.Array:
@@ -61,11 +61,11 @@ def rdp_randomized_response(p: jax.typing.ArrayLike, orders: jax.typing.ArrayLik
   References:
     Mironov, "Rényi differential privacy", CSF 2017, arXiv:1702.07476, Prop. 5 and Table II.
   """
-  _validation.check_range("p", p, lo=0.5, hi=1.0)
-  _validation.check_range("orders", orders, lo=1.0, allow_inf=True)
-  _validation.check_broadcast(p=p, orders=orders)
-  p = _validation.as_float_array(p)
-  alpha = _validation.as_float_array(orders)
+  validation.check_range("p", p, lo=0.5, hi=1.0)
+  validation.check_range("orders", orders, lo=1.0, allow_inf=True)
+  validation.check_broadcast(p=p, orders=orders)
+  p = validation.as_float_array(p)
+  alpha = validation.as_float_array(orders)
   return _rdp_randomized_response(p, alpha)
 
 
@@ -77,7 +77,7 @@ def _rdp_randomized_response(p, alpha):
   ps = jnp.where(inside, p, 0.75)
   gap = 2 * ps - 1        # exact
   lie = 1 - ps            # exact
-  t = _elementary.log1p(gap / lie)
+  t = numerics.log1p(gap / lie)
   finite_order = jnp.isfinite(alpha) & (alpha >= 1)
   beta = jnp.where(finite_order, alpha, 2.0) - 1
   near = beta * t <= 1
@@ -85,11 +85,11 @@ def _rdp_randomized_response(p, alpha):
   bn = jnp.where(near, beta, 0.0)
   u = bn * t
   half = 0.5 * u
-  r = t * (gap * _elementary.sinhc(u) + half * jnp.square(_elementary.sinhc(half)))
-  near_value = r * _elementary.log1p_over_x(bn * r)
+  r = t * (gap * numerics.sinhc(u) + half * jnp.square(numerics.sinhc(half)))
+  near_value = r * numerics.log1p_over_x(bn * r)
 
   bf = jnp.where(near, 1.0, beta)
-  far_value = t + _elementary.log1p(lie * jnp.expm1(-2 * bf * t)) / bf
+  far_value = t + numerics.log1p(lie * jnp.expm1(-2 * bf * t)) / bf
 
   out = jnp.where(near, near_value, far_value)
   out = jnp.where(jnp.isinf(alpha), t, out)

@@ -14,7 +14,7 @@ follow the envelope theorem: the optimal order is held fixed (exact, since ε is
 over it).
 
 How it is evaluated: on a concrete grid (the default) every grid order goes through the exact
-sums and the shared nodes (:func:`jaxrdp.sampled_gaussian.log_a_and_rdp_at_orders`) and the
+sums and the shared nodes (:func:`jaxrdp.mechanisms.sampled_gaussian.log_a_and_rdp_at_orders`) and the
 refinement's orders through 8 extra slots of the same program (:func:`_search_orders` and
 :func:`_search_update`, driven from the host for concrete inputs, one loop in the graph for
 traced ones). Long schedules evaluate each phase only at the grid orders that bounds from
@@ -22,7 +22,7 @@ the phases binned by σ leave in play (:func:`_pruned_grid_epsilons`). Calibrati
 safe-side search on the full evaluation, and the envelope gradient is taken at the one
 optimal order through its own split. The per-order quadrature is compiled only when
 something is left open (then it fills just those values). A traced grid uses the branch and
-bound of :mod:`jaxrdp._order_search` with the per-order quadrature: the same ε.
+bound of :mod:`jaxrdp.accounting.order_search` with the per-order quadrature: the same ε.
 """
 
 from __future__ import annotations
@@ -35,15 +35,15 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-from jaxrdp import _compile
-from jaxrdp import _validation
-from jaxrdp import composition
-from jaxrdp import conversion
-from jaxrdp import sampled_gaussian
-from jaxrdp import _order_search
-from jaxrdp._order_search import grid_epsilon
-from jaxrdp.conversion import compute_epsilon, epsilon_at_orders
-from jaxrdp.orders import DEFAULT_ORDERS
+from jaxrdp._internal import compilation
+from jaxrdp._internal import validation
+from jaxrdp.accounting import composition
+from jaxrdp.accounting import conversion
+from jaxrdp.mechanisms import sampled_gaussian
+from jaxrdp.accounting import order_search
+from jaxrdp.accounting.order_search import grid_epsilon
+from jaxrdp.accounting.conversion import compute_epsilon, epsilon_at_orders
+from jaxrdp.accounting.orders import DEFAULT_ORDERS
 
 _REFINE_STEPS = 6         # refinement steps of 8 orders each (the bracket shrinks 4.5x per step)
 _SIGMA_MIN, _SIGMA_MAX = 1e-4, 1e8   # noise multipliers searched
@@ -51,9 +51,9 @@ _Q_MIN = 1e-12                       # smallest sampling rate searched
 
 
 def _phases(sampling_rate, noise_multiplier, steps):
-  q = _validation.as_float_array(sampling_rate)
-  sigma = _validation.as_float_array(noise_multiplier)
-  t = _validation.as_float_array(steps)
+  q = validation.as_float_array(sampling_rate)
+  sigma = validation.as_float_array(noise_multiplier)
+  t = validation.as_float_array(steps)
   dtype = jnp.result_type(q, sigma, t)
   for name, v in (("sampling_rate", q), ("noise_multiplier", sigma), ("steps", t)):
     if v.ndim > 1:
@@ -64,7 +64,7 @@ def _phases(sampling_rate, noise_multiplier, steps):
     raise ValueError("sampling_rate, noise_multiplier and steps must broadcast to one schedule; "
                      f"got shapes {q.shape}, {sigma.shape}, {t.shape}.") from None
   shape = shape or (1,)
-  if _validation.is_concrete((q, sigma, t)):  # on the host: eager JAX ops would compile
+  if validation.is_concrete((q, sigma, t)):  # on the host: eager JAX ops would compile
     return tuple(np.broadcast_to(np.asarray(v, dtype), shape) for v in (q, sigma, t))
   return tuple(jnp.broadcast_to(v.astype(dtype), shape) for v in (q, sigma, t))
 
@@ -73,19 +73,19 @@ _NO_DELTA = object()
 
 
 def _check_schedule(sampling_rate, noise_multiplier, steps, delta=_NO_DELTA):
-  _validation.check_range("sampling_rate", sampling_rate, lo=0.0, hi=1.0)
-  _validation.check_range("noise_multiplier", noise_multiplier, lo=0.0)
-  _validation.check_range("steps", steps, lo=0.0)
+  validation.check_range("sampling_rate", sampling_rate, lo=0.0, hi=1.0)
+  validation.check_range("noise_multiplier", noise_multiplier, lo=0.0)
+  validation.check_range("steps", steps, lo=0.0)
   if delta is not _NO_DELTA:  # a sentinel: delta=None is an error (check_range says so)
-    _validation.check_range("delta", delta, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+    validation.check_range("delta", delta, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
 
 
 def _orders(orders, dtype):
   orders = DEFAULT_ORDERS if orders is None else orders
-  _validation.check_range("orders", orders, lo=1.0, allow_inf=True)
+  validation.check_range("orders", orders, lo=1.0, allow_inf=True)
   # A concrete grid stays a host array (also under an outer jax.jit, where a converted
   # constant would be a tracer): its split into exact sums and shared nodes needs the values.
-  xp = np if _validation.is_concrete(orders) else jnp
+  xp = np if validation.is_concrete(orders) else jnp
   grid = xp.asarray(orders, dtype)
   if grid.ndim > 1:
     raise ValueError(f"orders must be a 1-D array of orders (or a scalar), got shape {grid.shape}.")
@@ -136,11 +136,11 @@ def dpsgd_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typ
     Abadi et al. 2016 (DP-SGD); Mironov, Talwar, Zhang 2019 (RDP of the sampled Gaussian);
     Balle et al. 2020, Thm. 21 (conversion); Mironov 2017, Prop. 3 (classic conversion).
   """
-  _validation.check_choice("method", method, conversion.METHODS)
+  validation.check_choice("method", method, conversion.METHODS)
   _check_schedule(sampling_rate, noise_multiplier, steps, delta)
   q, sigma, t = _phases(sampling_rate, noise_multiplier, steps)
   grid = _orders(orders, q.dtype)
-  delta = _validation.to_device(delta, q.dtype)
+  delta = validation.to_device(delta, q.dtype)
   if method == "classic":
     rdp = jnp.sum(composition.compute_rdp(q, sigma, t, grid), axis=0)
     eps = jnp.min(epsilon_at_orders(grid, rdp, delta, method))
@@ -155,7 +155,7 @@ def _dpsgd_epsilon(q, sigma, t, delta, grid, refine_order):
   """dpsgd_epsilon without argument checks (phase arrays of one dtype). The order search is
   compiled on its own; the envelope derivative is attached outside it, so that a derivative
   taken eagerly (``jax.grad`` of this function) compiles two smaller graphs with the CPU
-  option of :mod:`jaxrdp._compile` rather than one large graph without it."""
+  option of :mod:`jaxrdp._internal.compilation` rather than one large graph without it."""
   sg = lax.stop_gradient
   found = _concrete_epsilon(sg(q), sg(sigma), sg(t), sg(delta), grid, refine_order)
   if found is None:
@@ -173,7 +173,7 @@ def _with_slots(grid):
   if split is None:
     return None
   k = grid.shape[0]
-  slots = tuple(range(k, k + _order_search._BATCH))
+  slots = tuple(range(k, k + order_search._BATCH))
   split = sampled_gaussian.OrderSplit(split.sums, split.shared + (slots,))
   orders = np.concatenate([np.asarray(grid), np.linspace(1.5, 2.5, len(slots), dtype=grid.dtype)])
   return orders, split, sampled_gaussian.order_tables(grid, split)
@@ -195,8 +195,8 @@ def _grid_values(q, sigma, t, delta, orders, split, tables, fallback):
 def _search_orders(state, orders, xp):
   """The orders one step of the search evaluates: the grid and its slots, which hold the
   refinement's orders after step 0. ``xp``: jax.numpy in a graph, numpy on the host."""
-  k = orders.shape[0] - _order_search._BATCH
-  inside = _order_search.refinement_orders(state[3], state[4], xp)
+  k = orders.shape[0] - order_search._BATCH
+  inside = order_search.refinement_orders(state[3], state[4], xp)
   if xp is np:
     slotted = orders.copy()
     slotted[k:] = inside
@@ -209,14 +209,14 @@ def _search_update(state, eps, pending, orders, refine_steps, xp):
   """The search's state after a step with ε ``eps`` and open flags ``pending`` at the orders
   of :func:`_search_orders`. Step 0 takes the best grid order and brackets the refinement
   between its grid neighbours; each later step keeps the best of the _BATCH refinement orders
-  and narrows the bracket (:mod:`jaxrdp._order_search`, the same rules as the branch-and-bound
+  and narrows the bracket (:mod:`jaxrdp.accounting.order_search`, the same rules as the branch-and-bound
   search). ``state``: (step, best ε, its order, bracket lo, hi, open, go): ``open`` says a
   value that could matter was left open, ``go`` that another step is due."""
   step, best, best_alpha, lo, hi, is_open, _ = state
-  k = orders.shape[0] - _order_search._BATCH
+  k = orders.shape[0] - order_search._BATCH
   grid = orders[:k]
   usable = xp.isfinite(grid) & (grid > 1)
-  inside = _order_search.refinement_orders(lo, hi, xp)
+  inside = order_search.refinement_orders(lo, hi, xp)
   i = xp.argmin(eps[:k])
   eps_new = eps[k:]
   j = xp.argmin(eps_new)
@@ -224,8 +224,8 @@ def _search_update(state, eps, pending, orders, refine_steps, xp):
   first = step == 0
   best_alpha = xp.where(first, grid[i], xp.where(better, inside[j], best_alpha))
   best = xp.where(first, eps[i], xp.where(better, eps_new[j], best))
-  start = _order_search.bracket_of(grid, usable, best_alpha, xp)
-  new = _order_search.refined_bracket(lo, hi, inside, eps_new, xp)
+  start = order_search.bracket_of(grid, usable, best_alpha, xp)
+  new = order_search.refined_bracket(lo, hi, inside, eps_new, xp)
   lo, hi = (xp.where(first, a, b) for a, b in zip(start, new))
   is_open = is_open | xp.where(first, xp.any(pending[:k]), xp.any(pending[k:]))
   refinable = xp.isfinite(best) & xp.isfinite(best_alpha) & (best_alpha > 1) & xp.any(usable)
@@ -245,7 +245,7 @@ def _search_result(state, delta, xp):
   return eps, xp.where(found, best, xp.nan).astype(best.dtype), is_open
 
 
-@functools.partial(_compile.jit, static_argnames=("refine_steps", "split"), work=_work)
+@functools.partial(compilation.jit, static_argnames=("refine_steps", "split"), work=_work)
 def _grid_search(q, sigma, t, delta, orders, split, tables, refine_steps):
   """(ε, its order) of :func:`_search_epsilon` on a concrete grid (``orders``, ``split``,
   ``tables`` from :func:`_with_slots`), every step in one loop, with the per-order
@@ -275,11 +275,11 @@ def _concrete_epsilon(q, sigma, t, delta, grid, refine_order):
     return None
   orders, split, tables = slotted
   steps = _REFINE_STEPS if refine_order and grid.shape[0] >= 2 else 0
-  if not _validation.is_concrete((q, sigma, t, delta)):
+  if not validation.is_concrete((q, sigma, t, delta)):
     return _grid_search(q, sigma, t, delta, orders, split, tables, steps)
   k = grid.shape[0]
   apart = q.size * orders.size >= _SLOTS_APART
-  slots_split = sampled_gaussian.OrderSplit(None, (tuple(range(_order_search._BATCH)),))
+  slots_split = sampled_gaussian.OrderSplit(None, (tuple(range(order_search._BATCH)),))
   state = _search_start(orders.dtype)
   while state[-1]:
     alphas = _search_orders(state, orders, np)
@@ -292,7 +292,7 @@ def _concrete_epsilon(q, sigma, t, delta, grid, refine_order):
       eps = _concrete_epsilons(q, sigma, t, delta, alphas, split, tables)
     state = _search_update(state, eps, np.zeros(eps.shape, bool), orders, steps, np)
   eps, best, _ = _search_result(state, np.asarray(delta), np)
-  return _validation.to_device(eps), _validation.to_device(best)
+  return validation.to_device(eps), validation.to_device(best)
 
 
 _BOUND_BINS = 64   # bins of phases whose bounds decide which grid orders a long schedule needs
@@ -311,7 +311,7 @@ def _pruned_grid_epsilons(q, sigma, t, delta, orders, split, tables, slots_split
   batches of _BATCH through the slots' program (shared nodes at every order, integer ones
   too: the same values to rounding). Falls back to the whole grid when the bounds keep more
   than half of it."""
-  k = orders.shape[0] - _order_search._BATCH
+  k = orders.shape[0] - order_search._BATCH
   grid = orders[:k]
   bins = [b for b in np.array_split(np.argsort(sigma, kind="stable"), _BOUND_BINS) if b.size]
   steps = np.array([t[b].sum() for b in bins])
@@ -328,9 +328,9 @@ def _pruned_grid_epsilons(q, sigma, t, delta, orders, split, tables, slots_split
     return _concrete_epsilons(q, sigma, t, delta, orders, split, tables)
   eps = np.full(orders.shape, np.inf, orders.dtype)
   keep = keep[np.argsort(grid[keep], kind="stable")]   # a group's orders ascend
-  for start in range(0, keep.size, _order_search._BATCH):
-    idx = keep[start:start + _order_search._BATCH]
-    alphas = grid[idx[np.minimum(np.arange(_order_search._BATCH), idx.size - 1)]]
+  for start in range(0, keep.size, order_search._BATCH):
+    idx = keep[start:start + order_search._BATCH]
+    alphas = grid[idx[np.minimum(np.arange(order_search._BATCH), idx.size - 1)]]
     eps[idx] = _concrete_epsilons(q, sigma, t, delta, alphas, slots_split, None)[:idx.size]
   return eps
 
@@ -338,7 +338,7 @@ def _pruned_grid_epsilons(q, sigma, t, delta, orders, split, tables, slots_split
 def _concrete_epsilons(q, sigma, t, delta, orders, split, tables):
   """ε (NaN as +inf) at each of the concrete ``orders`` for the schedule: one compiled program
   without the per-order quadrature (:func:`_grid_evaluation`); what it leaves open (rare) is
-  filled on the host (:func:`jaxrdp.sampled_gaussian.fill_pending`: compiled only then) and
+  filled on the host (:func:`jaxrdp.mechanisms.sampled_gaussian.fill_pending`: compiled only then) and
   converted again."""
   rdp, pending, eps = _grid_evaluation(q, sigma, t, delta, orders, split, tables)
   pending = np.asarray(pending)
@@ -353,7 +353,7 @@ def _composed_epsilons(orders, rdp, delta):
   return jnp.where(jnp.isnan(eps), jnp.inf, eps)
 
 
-@functools.partial(_compile.jit, static_argnames=("split",), work=_work)
+@functools.partial(compilation.jit, static_argnames=("split",), work=_work)
 def _grid_evaluation(q, sigma, t, delta, orders, split, tables):
   """(RDP per phase and order, which are left open, ε of the composition at each order) for
   a concrete grid: the exact sums and shared nodes, without the per-order quadrature."""
@@ -361,7 +361,7 @@ def _grid_evaluation(q, sigma, t, delta, orders, split, tables):
   return rdp, pending, _composed_epsilons(orders, rdp, delta)   # rdp: only read when filled
 
 
-@_compile.jit(static_argnames=("refine_order",))
+@compilation.jit(static_argnames=("refine_order",))
 def _search_epsilon(q, sigma, t, delta, grid, refine_order):
   """(ε, the order attaining it, NaN where no order is usable); ε is NaN for δ outside (0, 1)
   (under jit the eager checks do not run)."""
@@ -409,7 +409,7 @@ def _contract(grads, dots):
   return sum(jnp.sum(g * d) for g, d in zip(grads, dots))
 
 
-@_compile.jit
+@compilation.jit
 def _epsilon_gradient(best, q, sigma, t, delta):
   """d ε / d(q, σ, T, δ) at the fixed order ``best`` (zero where no order is usable)."""
   usable = jnp.isfinite(best)
@@ -427,7 +427,7 @@ def _concrete_gradient(best, q, sigma, t, delta, wanted=(True,) * 4):
   one order (the exact sum at an integer order, shared nodes at a fractional one up to 64,
   whose derivatives come from the same pass), so that the per-order quadrature is compiled
   only when a value is left open; None otherwise."""
-  if not _validation.is_concrete((best, q, sigma, t, delta)):
+  if not validation.is_concrete((best, q, sigma, t, delta)):
     return None
   alpha = np.asarray(best).reshape(1)
   if not (np.isfinite(alpha[0]) and alpha[0] > 1):
@@ -437,7 +437,7 @@ def _concrete_gradient(best, q, sigma, t, delta, wanted=(True,) * 4):
                                  alpha, q, sigma, t, delta, tables)
 
 
-@functools.partial(_compile.jit, static_argnames=("split", "fallback", "wanted"),
+@functools.partial(compilation.jit, static_argnames=("split", "fallback", "wanted"),
                    work=lambda arguments: arguments["q"].size)
 def _gradient_at(alpha, q, sigma, t, delta, tables, fallback, split, wanted=(True,) * 4):
   """(d ε / d(q, σ, T, δ) at the one order ``alpha`` with its ``split``, open). Forward mode:
@@ -558,7 +558,7 @@ def _first_without_fallback(fn, *args):
   """fn(*args, fallback) for a function that returns (result, open): for concrete arguments
   first without the per-order quadrature (rarely needed, so rarely compiled), again with it
   only when a value was left open; inside a graph with it at once."""
-  if _validation.is_concrete(args):
+  if validation.is_concrete(args):
     result, is_open = fn(*args, False)
     if not bool(is_open):
       return result
@@ -592,13 +592,13 @@ def calibrate_noise_multiplier(target_epsilon: jax.typing.ArrayLike, delta: jax.
     ValueError: an argument outside its range (the message names it, the range and the
       value), or a target that no σ ≤ 1e8 reaches.
   """
-  _validation.check_range("target_epsilon", target_epsilon, lo=0.0, lo_open=True)
+  validation.check_range("target_epsilon", target_epsilon, lo=0.0, lo_open=True)
   _check_schedule(sampling_rate, 1.0, steps, delta)
   q, _, t = _phases(sampling_rate, 1.0, steps)
   grid = _orders(orders, q.dtype)
-  target, delta = (_validation.to_device(v, q.dtype) for v in (target_epsilon, delta))
+  target, delta = (validation.to_device(v, q.dtype) for v in (target_epsilon, delta))
   result = _calibrated(_calibrate_sigma, _calibrate_sigma_on_grid, target, delta, q, t, grid)
-  if _validation.is_concrete(result) and np.isnan(np.asarray(result)):
+  if validation.is_concrete(result) and np.isnan(np.asarray(result)):
     raise ValueError(f"target_epsilon={float(target_epsilon)} is not reachable with any noise "
                      "multiplier up to 1e8 for this schedule and delta.")
   return result
@@ -611,7 +611,7 @@ def _calibrated(on_any_grid, on_concrete_grid, *args):
   split = _concrete_split(args[-1])
   if split is None:
     return on_any_grid(*args)
-  if _validation.is_concrete(args):
+  if validation.is_concrete(args):
     return _host_calibration(on_concrete_grid, *args)
   return _first_without_fallback(functools.partial(on_concrete_grid, split=split[0]), *args, split[1])
 
@@ -640,11 +640,11 @@ def _host_calibration(on_concrete_grid, target, delta, fixed, t, grid):
     with np.errstate(divide="ignore"):
       return np.log(np.min(eps) / target_)
   s, found = _host_boundary(g, s0, s_min, s_max, dtype)
-  return _validation.to_device(value_of(s) if found else np.nan, dtype)
+  return validation.to_device(value_of(s) if found else np.nan, dtype)
 
 
 def _concrete_split(grid):
-  """(split, tables) of a concrete grid (:func:`jaxrdp.sampled_gaussian.order_split`), None for
+  """(split, tables) of a concrete grid (:func:`jaxrdp.mechanisms.sampled_gaussian.order_split`), None for
   a traced one."""
   split = sampled_gaussian.order_split(grid)
   return None if split is None else (split, sampled_gaussian.order_tables(grid, split))
@@ -660,7 +660,7 @@ def _sigma_search(target, delta, q, t, grid_epsilon_of):
   return jnp.where(found, jnp.exp(s), jnp.nan), is_open
 
 
-@_compile.jit
+@compilation.jit
 def _calibrate_sigma(target, delta, q, t, grid):
   """σ search with the grid ε of the branch-and-bound search (any grid, also traced)."""
   def eps_of(sigma):
@@ -674,7 +674,7 @@ def _search_work(arguments):
   return phases * arguments["grid"].size
 
 
-@functools.partial(_compile.jit, static_argnames=("split", "fallback"), work=_search_work)
+@functools.partial(compilation.jit, static_argnames=("split", "fallback"), work=_search_work)
 def _calibrate_sigma_on_grid(target, delta, q, t, grid, tables, fallback, split):
   """(σ, open): σ search with every order of a concrete grid evaluated through its ``split``
   (:func:`_grid_values`; the same ε as the branch and bound)."""
@@ -707,13 +707,13 @@ def calibrate_sampling_rate(target_epsilon: jax.typing.ArrayLike, delta: jax.typ
     ValueError: an argument outside its range (the message names it, the range and the
       value), or a target that no q > 1e-12 reaches.
   """
-  _validation.check_range("target_epsilon", target_epsilon, lo=0.0, lo_open=True)
+  validation.check_range("target_epsilon", target_epsilon, lo=0.0, lo_open=True)
   _check_schedule(0.5, noise_multiplier, steps, delta)
   _, sigma, t = _phases(0.5, noise_multiplier, steps)
   grid = _orders(orders, sigma.dtype)
-  target, delta = (_validation.to_device(v, sigma.dtype) for v in (target_epsilon, delta))
+  target, delta = (validation.to_device(v, sigma.dtype) for v in (target_epsilon, delta))
   result = _calibrated(_calibrate_q, _calibrate_q_on_grid, target, delta, sigma, t, grid)
-  if _validation.is_concrete(result) and np.isnan(np.asarray(result)):
+  if validation.is_concrete(result) and np.isnan(np.asarray(result)):
     raise ValueError(f"target_epsilon={float(target_epsilon)} is not reachable with any sampling "
                      "rate >= 1e-12 for this noise multiplier, step count and delta.")
   return result
@@ -729,7 +729,7 @@ def _q_search(target, delta, sigma, grid_epsilon_of):
   return jnp.where(found, jnp.exp(-s), jnp.nan), is_open
 
 
-@_compile.jit
+@compilation.jit
 def _calibrate_q(target, delta, sigma, t, grid):
   """q search with the grid ε of the branch-and-bound search (any grid, also traced)."""
   def eps_of(q):
@@ -737,7 +737,7 @@ def _calibrate_q(target, delta, sigma, t, grid):
   return _q_search(target, delta, sigma, eps_of)[0]
 
 
-@functools.partial(_compile.jit, static_argnames=("split", "fallback"), work=_search_work)
+@functools.partial(compilation.jit, static_argnames=("split", "fallback"), work=_search_work)
 def _calibrate_q_on_grid(target, delta, sigma, t, grid, tables, fallback, split):
   """(q, open): q search with every order of a concrete grid evaluated through its split."""
   def eps_of(q):
@@ -772,27 +772,27 @@ def calibrate_steps(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.Arra
     ValueError: an argument outside its range (the message names it, the range and the
       value), or a target that not even one step meets.
   """
-  _validation.check_range("target_epsilon", target_epsilon, lo=0.0, lo_open=True)
+  validation.check_range("target_epsilon", target_epsilon, lo=0.0, lo_open=True)
   _check_schedule(sampling_rate, noise_multiplier, 1.0, delta)
-  max_steps = _validation.check_int("max_steps", max_steps, lo=1)
+  max_steps = validation.check_int("max_steps", max_steps, lo=1)
   q, sigma, _ = _phases(sampling_rate, noise_multiplier, 1.0)
   if q.shape != (1,):
     raise ValueError("calibrate_steps takes a constant sampling_rate and noise_multiplier.")
   grid = _orders(orders, q.dtype)
   split = _concrete_split(grid) or (None, None)
-  if split[0] is not None and _validation.is_concrete((q, sigma)):
+  if split[0] is not None and validation.is_concrete((q, sigma)):
     # The per-step RDP through the grid's split (the per-order quadrature only if needed).
     per_step = composition.compute_rdp(q, sigma, 1.0, grid)
   else:
     per_step = _schedule_rdp(q, sigma, jnp.ones_like(q), grid)
   lo = _calibrate_steps(jnp.asarray(target_epsilon, q.dtype), jnp.asarray(delta, q.dtype),
                         per_step.reshape(grid.shape), grid, float(max_steps))
-  if _validation.is_concrete(lo) and float(lo) == 0:
+  if validation.is_concrete(lo) and float(lo) == 0:
     raise ValueError(f"target_epsilon={float(target_epsilon)} is not reachable even with one step.")
   return lo
 
 
-@_compile.jit(static_argnames=("max_steps",))
+@compilation.jit(static_argnames=("max_steps",))
 def _calibrate_steps(target, delta, per_step, grid, max_steps):
   ok = lambda n: compute_epsilon(grid, per_step * n, delta)[0] <= target
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxrdp import _validation
+from jaxrdp._internal import validation
 
 
 def rdp_gaussian(noise_multiplier: jax.typing.ArrayLike, orders: jax.typing.ArrayLike) -> jax.Array:
@@ -40,11 +40,11 @@ def rdp_gaussian(noise_multiplier: jax.typing.ArrayLike, orders: jax.typing.Arra
     Mironov, "Rényi differential privacy", CSF 2017, arXiv:1702.07476, Prop. 7 and Cor. 3
     (Table II).
   """
-  _validation.check_range("noise_multiplier", noise_multiplier, lo=0.0)
-  _validation.check_range("orders", orders, lo=1.0, allow_inf=True)
-  _validation.check_broadcast(noise_multiplier=noise_multiplier, orders=orders)
-  sigma = _validation.as_float_array(noise_multiplier)
-  alpha = _validation.as_float_array(orders)
+  validation.check_range("noise_multiplier", noise_multiplier, lo=0.0)
+  validation.check_range("orders", orders, lo=1.0, allow_inf=True)
+  validation.check_broadcast(noise_multiplier=noise_multiplier, orders=orders)
+  sigma = validation.as_float_array(noise_multiplier)
+  alpha = validation.as_float_array(orders)
   return _rdp_gaussian(sigma, alpha)
 
 

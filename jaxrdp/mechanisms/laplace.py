@@ -26,7 +26,7 @@ a sum of non-negative terms, and divides by β analytically, φ(βε₀)/β = ε
               + \varphi(-\alpha\varepsilon_0)}{2\beta+1}.
 
 At β = 0 this is exactly φ(−ε₀) = ε₀ + e^{−ε₀} − 1, so α = 1 needs no special case and the
-gradient in α is smooth through it. ψ, φ and log1p(x)/x come from :mod:`jaxrdp._elementary`.
+gradient in α is smooth through it. ψ, φ and log1p(x)/x come from :mod:`jaxrdp._internal.numerics`.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxrdp import _elementary
-from jaxrdp import _validation
+from jaxrdp._internal import numerics
+from jaxrdp._internal import validation
 
 
 def rdp_laplace(scale: jax.typing.ArrayLike, orders: jax.typing.ArrayLike) -> jax.Array:
@@ -63,11 +63,11 @@ def rdp_laplace(scale: jax.typing.ArrayLike, orders: jax.typing.ArrayLike) -> ja
     Mironov, "Rényi differential privacy", CSF 2017, arXiv:1702.07476, Prop. 6, Cor. 2 and
     Table II (the α = 1 and α = ∞ limits).
   """
-  _validation.check_range("scale", scale, lo=0.0)
-  _validation.check_range("orders", orders, lo=1.0, allow_inf=True)
-  _validation.check_broadcast(scale=scale, orders=orders)
-  b = _validation.as_float_array(scale)
-  alpha = _validation.as_float_array(orders)
+  validation.check_range("scale", scale, lo=0.0)
+  validation.check_range("orders", orders, lo=1.0, allow_inf=True)
+  validation.check_broadcast(scale=scale, orders=orders)
+  b = validation.as_float_array(scale)
+  alpha = validation.as_float_array(orders)
   return _rdp_laplace(b, alpha)
 
 
@@ -84,14 +84,14 @@ def _rdp_laplace(b, alpha):
   bn = jnp.where(near, beta, 0.0)
   # (beta+1)/(2beta+1) and 1/(2beta+1) written so that neither overflows for huge beta.
   inv = 1 / (2 * bn + 1)
-  r = ((0.5 + 0.5 * inv) * eps0 * _elementary.exprel_minus_one(bn * eps0)
-       + inv * _elementary.expm1_minus_x(-(bn + 1) * eps0))
-  near_value = r * _elementary.log1p_over_x(bn * r)
+  r = ((0.5 + 0.5 * inv) * eps0 * numerics.exprel_minus_one(bn * eps0)
+       + inv * numerics.expm1_minus_x(-(bn + 1) * eps0))
+  near_value = r * numerics.log1p_over_x(bn * r)
 
   # Far branch (beta * eps0 > 1): Mironov's form, its log1p argument in (-1/2, 0].
   bf = jnp.where(near, 1.0, beta)
   c = jnp.expm1(-(2 * bf + 1) * eps0) / (2 * bf + 1)
-  far_value = eps0 + c * _elementary.log1p_over_x(bf * c)
+  far_value = eps0 + c * numerics.log1p_over_x(bf * c)
 
   out = jnp.where(near, near_value, far_value)
   out = jnp.where(jnp.isinf(alpha), eps0, out)

@@ -1,0 +1,1 @@
+"""The command line, ``jaxrdp`` / ``python -m jaxrdp`` (``main``). Sits on top of everything."""
