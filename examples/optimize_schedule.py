@@ -52,8 +52,9 @@ def main(argv=None):
       return jnp.sum(weight * sigma ** 2) / jnp.sum(weight)
 
     budget = float(jaxrdp.dpsgd_epsilon(q, constant, steps, args.delta))
-    result = jaxrdp.optimize_schedule(utility, constant, q, steps, target_epsilon=budget,
-                                      delta=args.delta, num_iterations=args.iterations)
+    result = jaxrdp.optimize_schedule(utility, sampling_rate=q, noise_multiplier=constant,
+                                      steps=steps, target_epsilon=budget, delta=args.delta,
+                                      num_iterations=args.iterations)
     base_u, opt_u = float(utility(constant, q)), float(result.utility)
     print(f"budget (constant sigma={args.sigma}): epsilon = {budget:.5f} at delta = {args.delta}")
     print(f"optimised schedule: epsilon = {float(result.epsilon):.5f} "

@@ -86,7 +86,7 @@ def relative_sensitivity(x, y, a, b, reg, mode, x_bound, y_bound):
 
 
 def epsilon_rgm(gamma, eta, dim, steps, delta):
-  rdp = steps * jaxrdp.rdp_relative_gaussian(ORDERS, eta, gamma, dim)
+  rdp = steps * jaxrdp.rdp_relative_gaussian(eta=eta, gamma=gamma, dim=dim, orders=ORDERS)
   return float(jaxrdp.compute_epsilon(ORDERS, rdp, delta)[0])
 
 

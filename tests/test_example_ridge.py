@@ -39,7 +39,7 @@ def test_example_calibrations_reach_the_same_epsilon(example):
   gamma = example.calibrate(lambda g: example.epsilon_rgm(g, eta, dim, steps, delta),
                             target, 1e-6 * eta, 1e8 * eta)
   orders = np.asarray(jaxrdp.DEFAULT_ORDERS)
-  rdp = steps * rdp_relative_gaussian(orders, eta, gamma, dim)
+  rdp = steps * rdp_relative_gaussian(eta=eta, gamma=gamma, dim=dim, orders=orders)
   eps = float(jaxrdp.compute_epsilon(orders, rdp, delta)[0])
   assert target * (1 - 1e-9) <= eps <= target
   s = example.calibrate(lambda x: example.epsilon_gaussian(x, steps, delta), target, 1e-3, 1e6)

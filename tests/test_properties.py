@@ -241,7 +241,8 @@ def test_mechanism_curves_are_non_decreasing_in_the_order_and_nan_free(points, o
       "laplace": jaxrdp.rdp_laplace(col(0), orders),
       "randomized_response": jaxrdp.rdp_randomized_response(col(1), orders),
       "zcdp": jaxrdp.rdp_zcdp(col(2), orders),
-      "relative_gaussian": jaxrdp.rdp_relative_gaussian(orders, col(3) * 0.1, col(4), col(5)),
+      "relative_gaussian": jaxrdp.rdp_relative_gaussian(eta=col(3) * 0.1, gamma=col(4), dim=col(5),
+                                                        orders=orders),
   }
   for name, r in curves.items():
     r = np.asarray(r)

@@ -178,7 +178,7 @@ def test_sound_no_admissible_pair_has_a_larger_divergence(seed):
       sigma = 10 ** rng.uniform(-3, 0)
     pole = (1 + eta) ** 2 / (2 * eta + eta**2)
     alpha = 1.0 if rng.uniform() < 0.1 else 1 + (pole - 1) * rng.uniform(0.001, 0.999)
-    ours = float(rdp_relative_gaussian(alpha, eta, gamma, dim))
+    ours = float(rdp_relative_gaussian(eta=eta, gamma=gamma, dim=dim, orders=alpha))
     u, v = _random_pairs(rng, eta, r_rel, dim, 4000)
     for p, q in [(u, v), (v, u)]:
       values = _divergence_np(p, q, gamma, sigma, alpha)
@@ -198,7 +198,7 @@ def test_sound_reverse_direction_of_the_worst_pair_is_smaller():
   for eta, gamma, dim, alpha in [(0.01, 0.05, 10, 20.0), (0.5, 1.0, 1, 1.3), (3.0, 0.2, 5, 1.05)]:
     u, v = _worst_pair_mp(eta, 0.7, 1.3, dim)
     sigma = _mpf(gamma) * mp.mpf(0.7) / _mpf(eta)
-    ours = _mpf(rdp_relative_gaussian(alpha, eta, gamma, dim))
+    ours = _mpf(rdp_relative_gaussian(eta=eta, gamma=gamma, dim=dim, orders=alpha))
     assert _divergence_mp(u, v, gamma, sigma, alpha) <= ours
     assert _divergence_mp(v, u, gamma, sigma, alpha) < 0.99 * ours
 
@@ -226,14 +226,14 @@ def test_tight_collinear_pair_attains_the_value(alpha, eta, gamma, dim, r_rel, n
   u, v = _worst_pair_mp(eta, r_rel, norm_v, dim)
   assert _admissible_mp(u, v, eta, r_rel, gamma, sigma)
   ref = _divergence_mp(u, v, gamma, sigma, alpha)
-  ours = rdp_relative_gaussian(alpha, eta, gamma, dim)
+  ours = rdp_relative_gaussian(eta=eta, gamma=gamma, dim=dim, orders=alpha)
   assert 0 <= _rel(ours, ref) <= 1e-9
 
 
 def test_tight_when_sigma_exceeds_its_minimum_the_value_is_approached_at_large_norms():
   alpha, eta, gamma, dim, r_rel = 3.0, 0.05, 0.1, 4, 1.0
   sigma = 5 * _mpf(gamma) * _mpf(r_rel) / _mpf(eta)
-  ours = rdp_relative_gaussian(alpha, eta, gamma, dim)
+  ours = rdp_relative_gaussian(eta=eta, gamma=gamma, dim=dim, orders=alpha)
   gaps = []
   for norm_v in [1.0, 1e2, 1e4, 1e6, 1e8]:
     u, v = _worst_pair_mp(eta, r_rel, norm_v, dim)
@@ -253,7 +253,7 @@ def test_agrees_with_the_reduction_to_the_noise_ratio_in_the_notes():
     w = alpha * r**2 + 1 - alpha
     bound = (alpha * (eta / gamma) ** 2 * np.minimum(1, r) ** 2 / (2 * w)
              + dim / (2 * (1 - alpha)) * np.log(w / r ** (2 * alpha)))
-    ours = float(rdp_relative_gaussian(alpha, eta, gamma, dim))
+    ours = float(rdp_relative_gaussian(eta=eta, gamma=gamma, dim=dim, orders=alpha))
     assert np.argmax(bound) == 0                           # worst at r = 1/(1 + η)
     # the float64 grid values themselves carry ~1e-14 relative rounding
     assert bound.max() * (1 - 1e-12) <= ours <= bound.max() * (1 + 1e-12)
@@ -262,8 +262,9 @@ def test_agrees_with_the_reduction_to_the_noise_ratio_in_the_notes():
 def test_notes_values_for_the_authors_calibration():
   """formulas.md §1: α = 2, ε = 0.1, η = 0.01, γ = η√(α/ε) gives 0.0512 (d = 1), 0.0712 (d = 100)."""
   gamma = 0.01 * np.sqrt(2 / 0.1)
-  assert float(rdp_relative_gaussian(2.0, 0.01, gamma, 1)) == pytest.approx(0.0512, abs=5e-5)
-  assert float(rdp_relative_gaussian(2.0, 0.01, gamma, 100)) == pytest.approx(0.0712, abs=5e-5)
+  for dim, expected in [(1, 0.0512), (100, 0.0712)]:
+    got = float(rdp_relative_gaussian(eta=0.01, gamma=gamma, dim=dim, orders=2.0))
+    assert got == pytest.approx(expected, abs=5e-5)
 
 
 # --- limits ----------------------------------------------------------------------------------
@@ -272,19 +273,20 @@ def test_infinite_from_the_seed_theorem_1_condition_on_alpha():
   for eta in [1e-3, 0.1, 1.0, 4.0]:
     pole = (1 + mp.mpf(eta)) ** 2 / (2 * mp.mpf(eta) + mp.mpf(eta) ** 2)
     above = np.nextafter(float(pole), np.inf)
-    assert np.isinf(rdp_relative_gaussian(above, eta, 1.0, 3))
-    assert np.isinf(rdp_relative_gaussian(float(pole) * 1.5, eta, 1.0, 3))
+    assert np.isinf(rdp_relative_gaussian(eta=eta, gamma=1.0, dim=3, orders=above))
+    assert np.isinf(rdp_relative_gaussian(eta=eta, gamma=1.0, dim=3, orders=float(pole) * 1.5))
     below = float(pole) * (1 - 1e-6)
-    assert np.isfinite(rdp_relative_gaussian(below, eta, 1.0, 3))
-    assert np.isinf(rdp_relative_gaussian(np.inf, eta, 1.0, 3))
+    assert np.isfinite(rdp_relative_gaussian(eta=eta, gamma=1.0, dim=3, orders=below))
+    assert np.isinf(rdp_relative_gaussian(eta=eta, gamma=1.0, dim=3, orders=np.inf))
 
 
 def test_order_one_is_the_kl_divergence_and_the_limit_of_orders_above_one():
   eta, gamma, dim = 0.2, 0.5, 6
   u, v = _worst_pair_mp(eta, 1.0, 2.0, dim)
   kl = _divergence_mp(u, v, gamma, _mpf(gamma) / _mpf(eta), 1.0)
-  assert 0 <= _rel(rdp_relative_gaussian(1.0, eta, gamma, dim), kl) <= 1e-13
-  near = rdp_relative_gaussian(np.array([1 + 1e-12, 1 + 1e-9, 1 + 1e-6]), eta, gamma, dim)
+  assert 0 <= _rel(rdp_relative_gaussian(eta=eta, gamma=gamma, dim=dim, orders=1.0), kl) <= 1e-13
+  near = rdp_relative_gaussian(eta=eta, gamma=gamma, dim=dim,
+                               orders=np.array([1 + 1e-12, 1 + 1e-9, 1 + 1e-6]))
   assert np.all(np.diff(np.asarray(near)) > 0)
   assert float(near[0]) == pytest.approx(float(kl), rel=1e-10)
 
@@ -294,7 +296,7 @@ def test_small_eta_at_fixed_gamma_over_eta_tends_to_the_gaussian_mechanism():
   c, dim = 3.0, 50
   for alpha in [1.0, 2.0, 10.0]:
     gauss = float(rdp_gaussian(c, alpha))
-    gaps = [float(rdp_relative_gaussian(alpha, e, c * e, dim)) / gauss - 1
+    gaps = [float(rdp_relative_gaussian(eta=e, gamma=c * e, dim=dim, orders=alpha)) / gauss - 1
             for e in [1e-2, 1e-4, 1e-6, 1e-8]]
     assert all(g > 0 for g in gaps)
     assert all(b < a for a, b in zip(gaps, gaps[1:]))
@@ -307,12 +309,12 @@ def test_large_gamma_leaves_the_variance_ratio_leak():
   # Same means, noise levels (1 + η) : 1 (the extreme ratio): the divergence that remains.
   floor = _divergence_from_stds_mp(0, 1 + _mpf(eta), 1, alpha, dim)
   assert floor > 0
-  assert 0 <= _rel(rdp_relative_gaussian(alpha, eta, 1e9, dim), floor) <= 1e-12
+  assert 0 <= _rel(rdp_relative_gaussian(eta=eta, gamma=1e9, dim=dim, orders=alpha), floor) <= 1e-12
 
 
 def test_affine_in_the_dimension_and_dim_one_allowed():
   a, e, g = 3.0, 0.05, 0.2
-  vals = np.asarray(rdp_relative_gaussian(a, e, g, np.array([1, 2, 3, 1000])))
+  vals = np.asarray(rdp_relative_gaussian(eta=e, gamma=g, dim=np.array([1, 2, 3, 1000]), orders=a))
   assert vals[2] - vals[1] == pytest.approx(vals[1] - vals[0], rel=1e-10)
   assert vals[3] - vals[0] == pytest.approx(999 * (vals[1] - vals[0]), rel=1e-9)
 
@@ -320,30 +322,31 @@ def test_affine_in_the_dimension_and_dim_one_allowed():
 # --- validation, jit, vmap, dtypes -----------------------------------------------------------
 
 @pytest.mark.parametrize("args,name", [
-    ((0.5, 0.1, 1.0, 2), "alpha"), ((np.nan, 0.1, 1.0, 2), "alpha"),
-    ((2.0, 0.0, 1.0, 2), "eta"), ((2.0, -1.0, 1.0, 2), "eta"), ((2.0, np.inf, 1.0, 2), "eta"),
-    ((2.0, 0.1, 0.0, 2), "gamma"), ((2.0, 0.1, np.inf, 2), "gamma"),
-    ((2.0, 0.1, 1.0, 0), "dim"), ((2.0, 0.1, 1.0, -3), "dim"),
+    ((0.1, 1.0, 2, 0.5), "orders"), ((0.1, 1.0, 2, np.nan), "orders"),
+    ((0.0, 1.0, 2, 2.0), "eta"), ((-1.0, 1.0, 2, 2.0), "eta"), ((np.inf, 1.0, 2, 2.0), "eta"),
+    ((0.1, 0.0, 2, 2.0), "gamma"), ((0.1, np.inf, 2, 2.0), "gamma"),
+    ((0.1, 1.0, 0, 2.0), "dim"), ((0.1, 1.0, -3, 2.0), "dim"),
 ])
 def test_bad_input_raises_naming_the_argument_and_range(args, name):
   with pytest.raises(ValueError, match=rf"{name} must lie in"):
-    rdp_relative_gaussian(*args)
+    rdp_relative_gaussian(**dict(zip(("eta", "gamma", "dim", "orders"), args)))
 
 
 def test_non_integer_dim_and_bad_dtypes_raise():
   with pytest.raises(ValueError, match="dim must be a positive integer"):
-    rdp_relative_gaussian(2.0, 0.1, 1.0, 2.5)
+    rdp_relative_gaussian(eta=0.1, gamma=1.0, dim=2.5, orders=2.0)
   with pytest.raises(TypeError, match="gamma"):
-    rdp_relative_gaussian(2.0, 0.1, 1.0 + 0j, 2)
+    rdp_relative_gaussian(eta=0.1, gamma=1.0 + 0j, dim=2, orders=2.0)
   with pytest.raises(TypeError, match="dim"):
-    rdp_relative_gaussian(2.0, 0.1, 1.0, True)
+    rdp_relative_gaussian(eta=0.1, gamma=1.0, dim=True, orders=2.0)
 
 
-@pytest.mark.parametrize("args", [(0.5, 0.1, 1.0, 2.0), (2.0, 0.0, 1.0, 2.0), (2.0, 0.1, -1.0, 2.0),
-                                  (2.0, 0.1, 1.0, 0.0), (2.0, 0.1, 1.0, 2.5), (np.nan, 0.1, 1.0, 2.0),
-                                  (2.0, np.inf, 1.0, 2.0)])
+@pytest.mark.parametrize("args", [(0.1, 1.0, 2.0, 0.5), (0.0, 1.0, 2.0, 2.0), (0.1, -1.0, 2.0, 2.0),
+                                  (0.1, 1.0, 0.0, 2.0), (0.1, 1.0, 2.5, 2.0), (0.1, 1.0, 2.0, np.nan),
+                                  (np.inf, 1.0, 2.0, 2.0)])
 def test_invalid_input_under_jit_gives_nan(args):
-  assert np.isnan(jax.jit(rdp_relative_gaussian)(*args))
+  kwargs = dict(zip(("eta", "gamma", "dim", "orders"), args))
+  assert np.isnan(jax.jit(rdp_relative_gaussian)(**kwargs))
 
 
 def test_jit_and_vmap_match_eager():
@@ -351,10 +354,12 @@ def test_jit_and_vmap_match_eager():
   eta = jnp.array([1e-3, 0.01, 0.1, 0.02, 1e-3, 0.5])
   gamma = jnp.array([0.01, 0.1, 1.0, 0.05, 0.002, 3.0])
   dim = jnp.array([1, 10, 3, 100, 7, 2])
-  eager = np.array([float(rdp_relative_gaussian(*args)) for args in zip(alpha, eta, gamma, dim)])
+  eager = np.array([float(rdp_relative_gaussian(eta=e, gamma=g, dim=d, orders=a))
+                    for a, e, g, d in zip(alpha, eta, gamma, dim)])
   for transformed in (jax.jit(rdp_relative_gaussian), jax.vmap(rdp_relative_gaussian)):
-    np.testing.assert_array_equal(np.asarray(transformed(alpha, eta, gamma, dim)), eager)
-  grid = rdp_relative_gaussian(alpha[:, None], 0.01, gamma[None, :], 5)
+    np.testing.assert_array_equal(
+        np.asarray(transformed(eta=eta, gamma=gamma, dim=dim, orders=alpha)), eager)
+  grid = rdp_relative_gaussian(eta=0.01, gamma=gamma[None, :], dim=5, orders=alpha[:, None])
   assert grid.shape == (6, 6)
 
 
@@ -366,7 +371,7 @@ def test_float32_is_never_below_the_exact_value_and_keeps_its_dtype():
     dim = int(rng.integers(1, 10_000))
     pole = (1 + float(eta)) ** 2 / (2 * float(eta) + float(eta) ** 2)
     alpha = np.float32(1 + (pole - 1) * rng.uniform(0, 0.99))
-    got = rdp_relative_gaussian(alpha, eta, gamma, dim)
+    got = rdp_relative_gaussian(eta=eta, gamma=gamma, dim=dim, orders=alpha)
     assert got.dtype == jnp.float32
     u, v = _worst_pair_mp(float(eta), 0.0, 1.0, 1)
     ref = _divergence_mp(u, v, float(gamma), 0.0, float(alpha), dim=dim)
@@ -377,9 +382,12 @@ def test_differentiable_in_gamma_with_the_derivative_of_the_divergence():
   alpha, eta, gamma, dim = 3.0, 0.05, 0.2, 4
   u, v = _worst_pair_mp(eta, 0.0, 1.0, dim)
   expected = mp.diff(lambda g: _divergence_mp(u, v, g, 0.0, alpha), mp.mpf(gamma))
-  got = jax.grad(rdp_relative_gaussian, argnums=2)(alpha, eta, gamma, float(dim))
+  of_gamma = lambda g: rdp_relative_gaussian(eta=eta, gamma=g, dim=float(dim), orders=alpha)
+  got = jax.grad(of_gamma)(gamma)
   assert float(got) == pytest.approx(float(expected), rel=1e-12)
-  assert np.all(np.isfinite(jax.grad(rdp_relative_gaussian, argnums=(0, 1))(1.0, 0.05, 0.2, 4.0)))
+  d_orders_eta = jax.grad(lambda a, e: rdp_relative_gaussian(eta=e, gamma=0.2, dim=4.0, orders=a),
+                          argnums=(0, 1))(1.0, 0.05)
+  assert np.all(np.isfinite(d_orders_eta))
 
 
 # --- the optax transform ---------------------------------------------------------------------
@@ -498,11 +506,13 @@ def test_transform_validates_its_parameters():
 
 def test_rdp_after_k_steps_is_k_times_one_step():
   orders = np.array([1.0, 2.0, 10.0, 1e6, np.inf])
-  one = np.asarray(rdp_relative_gaussian(orders, 0.01, 0.05, 12))
-  np.testing.assert_array_equal(np.asarray(rdp_relative_gaussian_descent(orders, 0.01, 0.05, 12, 40)),
-                                40 * one)
-  np.testing.assert_array_equal(np.asarray(rdp_relative_gaussian_descent(orders, 0.01, 0.05, 12, 0)),
-                                np.zeros(5))
+  args = dict(eta=0.01, gamma=0.05, dim=12)
+  one = np.asarray(rdp_relative_gaussian(**args, orders=orders))
+  forty = rdp_relative_gaussian_descent(**args, steps=40, orders=orders)
+  np.testing.assert_array_equal(np.asarray(forty), 40 * one)
+  none = rdp_relative_gaussian_descent(**args, steps=0, orders=orders)
+  np.testing.assert_array_equal(np.asarray(none), np.zeros(5))
   with pytest.raises(ValueError, match="steps must lie in"):
-    rdp_relative_gaussian_descent(2.0, 0.01, 0.05, 12, -1)
-  assert np.isnan(jax.jit(rdp_relative_gaussian_descent)(2.0, 0.01, 0.05, 12.0, -1.0))
+    rdp_relative_gaussian_descent(**args, steps=-1, orders=2.0)
+  assert np.isnan(jax.jit(rdp_relative_gaussian_descent)(eta=0.01, gamma=0.05, dim=12.0, steps=-1.0,
+                                                         orders=2.0))

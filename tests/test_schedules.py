@@ -29,8 +29,8 @@ def budget():
 
 @pytest.fixture(scope="module")
 def optimised(budget):
-  return jaxrdp.optimize_schedule(utility, jnp.array([1.0, 1.0]), Q, T, target_epsilon=budget,
-                                  delta=DELTA, num_iterations=60)
+  return jaxrdp.optimize_schedule(utility, sampling_rate=Q, noise_multiplier=jnp.array([1.0, 1.0]),
+                                  steps=T, target_epsilon=budget, delta=DELTA, num_iterations=60)
 
 
 def test_result_spends_at_most_the_budget_and_sits_on_its_boundary(optimised, budget):
@@ -79,9 +79,30 @@ def test_epsilon_trajectory_equals_dpsgd_epsilon_of_prefixes():
     (dict(target_epsilon=1.0, num_iterations=-1), "num_iterations"),
 ])
 def test_bad_input_raises(kwargs, match):
-  args = dict(noise_multiplier=jnp.array([1.0, 1.0]), sampling_rate=Q, steps=T, delta=DELTA)
+  args = dict(sampling_rate=Q, noise_multiplier=jnp.array([1.0, 1.0]), steps=T, delta=DELTA)
   args.update(kwargs)
-  sigma = args.pop("noise_multiplier")
-  q, t = args.pop("sampling_rate"), args.pop("steps")
   with pytest.raises(ValueError, match=match):
-    jaxrdp.optimize_schedule(utility, sigma, q, t, **args)
+    jaxrdp.optimize_schedule(utility, **args)
+
+
+def test_optimiser_survives_an_infinite_epsilon_on_its_path():
+  """A coarse order grid gives ε = +inf at small σ, where the Newton step onto the boundary
+  once produced scale −inf and a projection loop that never ended: the step is now damped,
+  and +inf / NaN steps add noise instead. Run in a subprocess, so that a regression fails
+  (timeout) instead of hanging the suite."""
+  import subprocess
+  import sys
+  code = (
+      "import jax; jax.config.update('jax_enable_x64', True)\n"
+      "import jax.numpy as jnp, jaxrdp\n"
+      "q, s, t = jnp.array([0.01, 0.02]), jnp.array([1.0, 1.5]), jnp.array([100.0, 100.0])\n"
+      "r = jaxrdp.optimize_schedule(lambda sigma, q: jnp.sum(sigma ** 2), sampling_rate=q,\n"
+      "    noise_multiplier=s, steps=t, target_epsilon=2.0, delta=1e-5, orders=[2.0, 8.0, 32.0],\n"
+      "    num_iterations=20)\n"
+      "eps = jaxrdp.dpsgd_epsilon(q, r.noise_multiplier, t, 1e-5, orders=[2.0, 8.0, 32.0])\n"
+      "print(float(eps), bool(jnp.all(jnp.isfinite(r.noise_multiplier))))\n")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  eps, finite = out.stdout.split()
+  assert finite == "True"
+  assert float(eps) <= 2.0

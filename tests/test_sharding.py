@@ -47,7 +47,7 @@ SCRIPT = textwrap.dedent("""
     tx = differentially_private_aggregate(1.0, 1.1, jax.random.key(0), sampling_rate=0.01,
                                           expected_batch_size=20.0)
     state = tx.init(params)
-    assert state.rdp.dtype == jnp.float32
+    assert state.accountant.rdp.dtype == jnp.float32
     step = jax.jit(tx.update)
 
     u1, s1 = step(jax.device_put(grads, one), jax.device_put(state, one), params,

@@ -113,7 +113,7 @@ def test_inverse_sweep_equals_calibrate_noise_multiplier_per_cell():
   # is then unreachable (NaN expected; calibrate_noise_multiplier raises ValueError).
   targets, q, steps, delta = np.array([0.5, 3.0, 1e-3]), np.array([0.01, 1.0]), \
       np.array([100.0, 1e16]), np.array([1e-5])
-  got = np.asarray(sweep_noise_multiplier(targets, q, steps, delta))
+  got = np.asarray(sweep_noise_multiplier(targets, deltas=delta, sampling_rates=q, steps=steps))
   assert got.shape == (3, 2, 2, 1) and got.dtype == np.float64
   for e, i, k, l in np.ndindex(got.shape):
     try:
@@ -179,7 +179,7 @@ def test_bad_input_raises_naming_the_argument(kwargs, error, match):
     (dict(chunk_size=-3), ValueError, "chunk_size"),
 ])
 def test_inverse_bad_input_raises_naming_the_argument(kwargs, error, match):
-  args = dict(target_epsilons=[1.0], sampling_rates=[0.01], steps=[10.0], deltas=[1e-5])
+  args = dict(target_epsilons=[1.0], deltas=[1e-5], sampling_rates=[0.01], steps=[10.0])
   args.update(kwargs)
   with pytest.raises(error, match=match):
     sweep_noise_multiplier(**args)

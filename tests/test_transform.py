@@ -20,8 +20,10 @@ from scipy import stats
 
 import jaxrdp
 from jaxrdp.training.microbatch import ClippedGradSum, clipped_grad_sum
-from jaxrdp.training.transform import (DifferentiallyPrivateAggregateState, _kahan_add,
-                              differentially_private_aggregate, dpsgd, privacy_spent, rdp_spent)
+from jaxrdp.training.accountant import RdpAccountantState
+from jaxrdp.training.transform import (DifferentiallyPrivateAggregateState,
+                              differentially_private_aggregate, dpsgd, privacy_spent, rdp_spent,
+                              state_from_0_1_0)
 
 ORDERS = jaxrdp.DEFAULT_ORDERS
 Q, SIGMA, DELTA = 0.01, 1.1, 1e-5
@@ -239,7 +241,7 @@ def test_schedules_accumulate_the_sum_of_per_step_rdp():
   sigmas = np.where(t < 4, 2.0, 1.0)
   expected = np.sum(np.asarray(jaxrdp.compute_rdp(qs, sigmas, 1.0, ORDERS)), axis=0)
   np.testing.assert_allclose(np.asarray(rdp_spent(state)[1]), expected, rtol=1e-13)
-  assert int(state.segment_steps) == 4 and int(state.count) == steps  # segments 0-3, 4-5, 6-9
+  assert int(state.accountant.segment_steps) == 4 and int(state.count) == steps  # segments 0-3, 4-5, 6-9
   # The clip schedule is applied: with these large gradients every example is clipped, so
   # the noiseless part is the reference sum at C_t; check the step count went through.
   eps, _ = privacy_spent(state, DELTA)
@@ -257,28 +259,6 @@ def test_clip_schedule_is_evaluated_at_the_step_count():
     out, state = tx.update(grads, state, params)
     ref = _np_clipped_sum(grads, 0.5 * (c + 1))
     np.testing.assert_allclose(np.asarray(out["w"]), ref["w"], rtol=1e-12)
-
-
-def test_compensated_sum_of_1e5_float32_terms_matches_float64():
-  # The closed segments of a schedule are added by Kahan summation (one add per change);
-  # the float32 accountant over 1e5 constant steps is tested in test_sharding.py (x64 off).
-  x = np.random.default_rng(0).uniform(0.5, 1.5, size=(100_000, 4)).astype(np.float32)
-
-  def body(carry, v):
-    return _kahan_add(*carry, v), None
-
-  zero = jnp.zeros((4,), jnp.float32)
-  (total, comp), _ = jax.jit(lambda xs: lax.scan(body, (zero, zero), xs))(jnp.asarray(x))
-  exact = np.sum(x.astype(np.float64), axis=0)
-  np.testing.assert_allclose(np.asarray(total - comp, np.float64), exact, rtol=2e-7)
-  naive = np.zeros(4, np.float32)
-  for row in x[:20_000]:  # a plain float32 running sum is already off by > 1e-6 here
-    naive += row
-  assert np.max(np.abs(naive / np.sum(x[:20_000].astype(np.float64), axis=0) - 1)) > 1e-6
-  # inf is carried without turning into NaN.
-  t, c = _kahan_add(jnp.float32(1.0), jnp.float32(0.0), jnp.float32(np.inf))
-  t, c = _kahan_add(t, c, jnp.float32(1.0))
-  assert np.isinf(float(t)) and float(c) == 0.0
 
 
 # --------------------------------------------------------------------------- optax integration
@@ -358,6 +338,107 @@ def test_checkpoint_round_trip_continues_the_same_noise_and_accounting():
     for k in u:
       np.testing.assert_array_equal(np.asarray(u[k]), np.asarray(straight[3 + i][k]))
   assert float(privacy_spent(restored, DELTA)[0]) == float(privacy_spent(final_straight, DELTA)[0])
+
+
+def _sigma_schedule(c):
+  return jnp.where(c < 2, 2.0, SIGMA)
+
+
+def _leaves_0_1_0_after_3_steps(seed):
+  """The 9 leaves jaxrdp 0.1.0 checkpointed after 3 steps of _sigma_schedule, in its order.
+
+  0.1.0's flat state was (key, count, orders, rdp, rdp_compensation, sampling_rate,
+  noise_multiplier, step_rdp, segment_steps). After steps 0-1 at σ = 2 and step 2 at σ = 1.1:
+  the closed segment holds 2 ε(q, 2) (Kahan-added to 0: no compensation), the open one 1 step
+  at (q, 1.1); the key was split once per step (the first half kept)."""
+  key = jax.random.key(seed)
+  for _ in range(3):
+    key, _ = jax.random.split(key)
+  return [np.asarray(jax.random.key_data(key)), np.int32(3), ORDERS,
+          2 * np.asarray(jaxrdp.compute_rdp(Q, 2.0, 1, ORDERS)), np.zeros(len(ORDERS)),
+          np.float64(Q), np.float64(SIGMA), np.asarray(jaxrdp.compute_rdp(Q, SIGMA, 1, ORDERS)),
+          np.int32(1)]
+
+
+def test_a_0_1_0_checkpoint_of_flat_leaves_restores_and_continues_the_same_run():
+  params = _params()
+  tx = differentially_private_aggregate(1.0, _sigma_schedule, 9, sampling_rate=Q,
+                                        expected_batch_size=10.0)
+  step = jax.jit(tx.update)
+  grads = [_grads(3, seed=40 + i) for i in range(6)]
+  straight, state = [], tx.init(params)
+  for g in grads:
+    u, state = step(g, state, params)
+    straight.append(u)
+
+  buf = io.BytesIO()  # the 0.1.0 checkpoint, written as flat leaves with NumPy
+  np.savez(buf, *_leaves_0_1_0_after_3_steps(seed=9))
+  loaded = np.load(io.BytesIO(buf.getvalue()))
+  leaves = [loaded[f"arr_{i}"] for i in range(9)]
+  restored = jax.tree.unflatten(jax.tree.structure(tx.init(params)), leaves)
+  assert isinstance(restored.accountant, RdpAccountantState)
+  assert int(restored.accountant.segment_steps) == 1 and float(restored.accountant.mechanism[1]) == SIGMA
+  for i, g in enumerate(grads[3:]):
+    u, restored = step(g, restored, params)
+    for k in u:  # the same key: the same noise as the uninterrupted run
+      np.testing.assert_array_equal(np.asarray(u[k]), np.asarray(straight[3 + i][k]))
+  # The same accounting: 2 steps at σ = 2 and 4 at σ = 1.1, as computed by compute_rdp.
+  expected = (np.asarray(jaxrdp.compute_rdp(Q, 2.0, 2, ORDERS))
+              + np.asarray(jaxrdp.compute_rdp(Q, SIGMA, 4, ORDERS)))
+  np.testing.assert_allclose(np.asarray(rdp_spent(restored)[1]), expected, rtol=1e-13)
+  np.testing.assert_allclose(np.asarray(rdp_spent(restored)[1]), np.asarray(rdp_spent(state)[1]),
+                             rtol=1e-13)
+  assert float(privacy_spent(restored, DELTA)[0]) == pytest.approx(
+      float(privacy_spent(state, DELTA)[0]), rel=1e-12)
+
+
+def test_a_0_1_0_state_in_another_form_is_refused_with_how_to_convert_it():
+  params = _params()
+  tx = differentially_private_aggregate(1.0, _sigma_schedule, 9, sampling_rate=Q,
+                                        expected_batch_size=10.0)
+  leaves = _leaves_0_1_0_after_3_steps(seed=9)
+  names = ("key", "count", "orders", "rdp", "rdp_compensation", "sampling_rate",
+           "noise_multiplier", "step_rdp", "segment_steps")
+  state_dict = dict(zip(names, leaves))  # as serialization libraries write a NamedTuple
+  for old in (state_dict, tuple(leaves)):
+    with pytest.raises(TypeError, match=r"0\.1\.0 state.*state_from_0_1_0.*jax\.tree\.unflatten"):
+      tx.update(_grads(3), old, params)
+    with pytest.raises(TypeError, match=r"0\.1\.0.*state_from_0_1_0"):
+      privacy_spent({"opt": [old]}, DELTA)
+    with pytest.raises(TypeError, match=r"0\.1\.0.*state_from_0_1_0"):
+      rdp_spent(old)
+  # The converter gives the state that the flat leaves restore to, and it continues the run.
+  converted = state_from_0_1_0(state_dict)
+  unflattened = jax.tree.unflatten(jax.tree.structure(tx.init(params)), leaves)
+  assert jax.tree.structure(converted) == jax.tree.structure(unflattened)
+  for a, b in zip(jax.tree.leaves(converted), jax.tree.leaves(unflattened)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert jnp.result_type(a) == jnp.result_type(b)
+  _, after = tx.update(_grads(3), state_from_0_1_0(tuple(leaves)), params)
+  assert int(after.count) == 4 and int(after.accountant.segment_steps) == 2
+
+
+def test_state_from_0_1_0_names_what_it_cannot_convert():
+  leaves = _leaves_0_1_0_after_3_steps(seed=0)
+  with pytest.raises(TypeError, match="got a list of 8 elements"):
+    state_from_0_1_0(leaves[:8])
+  with pytest.raises(TypeError, match="keys"):
+    state_from_0_1_0({"key": leaves[0], "count": leaves[1]})
+  bad = list(leaves)
+  bad[3] = bad[3][:5]
+  with pytest.raises(ValueError, match=r"old\.rdp must have the shape of old\.orders"):
+    state_from_0_1_0(bad)
+  bad = list(leaves)
+  bad[1] = np.float64(3.0)
+  with pytest.raises(TypeError, match=r"old\.count must have an integer dtype"):
+    state_from_0_1_0(bad)
+
+
+def test_a_state_of_another_accountant_dtype_is_refused():
+  params = _params()
+  state = _agg(accountant_dtype=jnp.float32).init(params)
+  with pytest.raises(ValueError, match="accountant_dtype=float32"):
+    _agg().update(_grads(2), state, params)
 
 
 # --------------------------------------------------------------------------- microbatching

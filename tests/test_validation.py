@@ -60,3 +60,95 @@ def test_under_jit_invalid_steps_and_delta_give_nan():
   eps, order = jax.jit(jaxrdp.compute_epsilon)(ORDERS, RDP, 0.0)
   assert np.isnan(float(eps)) and np.isnan(float(order))
   assert np.isnan(float(jax.jit(jaxrdp.compute_delta)(ORDERS, RDP, -1.0)[0]))
+
+
+# --- one table of domains (jaxrdp._internal.domains.DOMAINS) -------------------------------------
+
+import ast
+import pathlib
+
+from jaxrdp._internal import domains
+from jaxrdp._internal import validation
+
+PACKAGE = pathlib.Path(jaxrdp.__file__).parent
+TABLE_FILE = PACKAGE / "_internal" / "domains.py"
+# Keywords that write a range by hand. The checkers of a Python int that fixes a shape or a loop
+# count (TypeError for a float) are not table-driven and take their bounds at the call.
+RANGE_KEYWORDS = {"lo", "hi", "lo_open", "hi_open", "allow_inf", "allow_nan"}
+INT_CHECKERS = {"check_int", "_check_count"}
+DOMAIN_TAKERS = {"check": 0, "in_domain": 0, "_in": 0}   # function -> position of the domain name
+
+
+def _calls(path):
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Call):
+      func = node.func
+      yield node, func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+
+
+def test_ranges_are_written_only_in_the_table():
+  hand_written = []
+  for path in sorted(PACKAGE.rglob("*.py")):
+    if path == TABLE_FILE:
+      continue
+    for node, name in _calls(path):
+      keywords = {k.arg for k in node.keywords} & RANGE_KEYWORDS
+      if name in ("check_range", "Domain") or (keywords and name not in INT_CHECKERS):
+        hand_written.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {name}")
+  assert not hand_written, "ranges written outside DOMAINS:\n" + "\n".join(hand_written)
+
+
+def test_every_domain_named_at_a_call_is_in_the_table():
+  unknown = []
+  for path in sorted(PACKAGE.rglob("*.py")):
+    for node, name in _calls(path):
+      names = [k.arg for k in node.keywords] if name == "check_all" else []
+      if name in DOMAIN_TAKERS and len(node.args) > DOMAIN_TAKERS[name]:
+        arg = node.args[DOMAIN_TAKERS[name]]
+        names += [arg.value] if isinstance(arg, ast.Constant) else []
+      unknown += [f"{path.name}:{node.lineno} {n}" for n in names if n not in domains.DOMAINS]
+  assert not unknown, unknown
+
+
+def _boundary_values(d, dtype):
+  """Each end, the floats next to it, and values far inside and outside. Next to 0 the
+  smallest normal numbers: XLA on CPU flushes subnormals to zero, so under jit -5e-324 is 0."""
+  points = [0.0, 0.5, 1.0, -1.0, 2.0, 1e30, -1e30, np.inf, -np.inf, np.nan]
+  tiny = np.finfo(dtype).tiny
+  for end in (d.lo, d.hi):
+    if end is not None:
+      end = dtype(end)
+      points += [end, -tiny, tiny] if end == 0 else [
+          end, np.nextafter(end, dtype(-np.inf)), np.nextafter(end, dtype(np.inf))]
+  return points
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", sorted(domains.DOMAINS))
+def test_eager_check_and_jit_mask_agree(name, dtype):
+  # The same values through the eager check (raises or not) and the mask under jit.
+  with jax.enable_x64(dtype == np.float64):
+    values = np.asarray(_boundary_values(domains.DOMAINS[name], dtype), dtype)
+    mask = np.asarray(jax.jit(lambda x: validation.in_domain(name, x))(values))
+    for v, inside in zip(values, mask):
+      try:
+        validation.check(name, v)
+        accepted = True
+      except ValueError:
+        accepted = False
+      assert accepted == bool(inside), (name, v, accepted, bool(inside))
+
+
+def test_every_table_entry_is_used():
+  text = "\n".join(p.read_text() for p in PACKAGE.rglob("*.py") if p != TABLE_FILE)
+  assert [n for n in domains.DOMAINS if f'"{n}"' not in text] == []
+
+
+@pytest.mark.parametrize("value, shown", [(-3, "-3.0"), (np.float32(2.5), "2.5"),
+                                          (np.array([0.5, 1.0], np.float32), "1.0"),
+                                          (jnp.array([0.5, np.nan]), "nan"), (1e-300 - 1, "-1.0")])
+def test_messages_name_the_argument_the_range_and_the_value(value, shown):
+  # Any input type: the value as a float, the first one outside (as before the table).
+  with pytest.raises(ValueError) as info:
+    validation.check("delta", value, name="delta")
+  assert str(info.value) == f"delta must lie in (0.0, 1.0) and be finite; got {shown}."

@@ -38,7 +38,7 @@ def log1p(x: jax.Array) -> jax.Array:
   return jnp.where(small, jnp.log1p(jnp.where(small, x, 0.0)), jnp.log(1 + jnp.where(small, 1.0, x)))
 
 
-def _horner(x, coeffs):
+def horner(x, coeffs):
   """sum_k coeffs[k] x^k."""
   acc = jnp.full_like(x, coeffs[-1])
   for c in reversed(coeffs[:-1]):
@@ -51,7 +51,7 @@ def log1p_over_x(x: jax.Array) -> jax.Array:
   small = jnp.abs(x) <= _LOG1P_CUT
   x_small = jnp.where(small, x, 0.0)
   x_big = jnp.where(small, 1.0, x)
-  return jnp.where(small, _horner(-x_small, _LOG1P_COEFFS), log1p(x_big) / x_big)
+  return jnp.where(small, horner(-x_small, _LOG1P_COEFFS), log1p(x_big) / x_big)
 
 
 def exprel_minus_one(t: jax.Array) -> jax.Array:
@@ -59,7 +59,7 @@ def exprel_minus_one(t: jax.Array) -> jax.Array:
   small = jnp.abs(t) <= _EXPREL_CUT
   t_small = jnp.where(small, t, 0.0)
   t_big = jnp.where(small, 1.0, t)
-  series = t_small * _horner(t_small, _EXPREL_COEFFS)
+  series = t_small * horner(t_small, _EXPREL_COEFFS)
   # |t| > 1: e^t - 1 and t differ by at least e^-1 of the larger, so at most ~2 bits are lost.
   return jnp.where(small, series, (jnp.expm1(t_big) - t_big) / t_big)
 
@@ -74,4 +74,4 @@ def sinhc(u: jax.Array) -> jax.Array:
   small = jnp.abs(u) <= _SINHC_CUT
   u_small = jnp.where(small, u, 0.0)
   u_big = jnp.where(small, 1.0, u)
-  return jnp.where(small, _horner(u_small * u_small, _SINHC_COEFFS), jnp.sinh(u_big) / u_big)
+  return jnp.where(small, horner(u_small * u_small, _SINHC_COEFFS), jnp.sinh(u_big) / u_big)

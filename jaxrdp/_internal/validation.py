@@ -1,8 +1,10 @@
 """Eager argument checks that name the argument and the allowed range.
 
-Checks run only on concrete values. Under ``jax.jit`` (tracers) they are skipped:
-the numerical kernels then propagate NaN for out-of-range inputs instead of raising
-(see the README section "Invalid input under jit").
+The ranges are the entries of :data:`jaxrdp._internal.domains.DOMAINS`; a public function
+checks each argument once (``check("orders", orders)``) and then calls unchecked internals.
+Checks run only on concrete values. Under ``jax.jit`` (tracers) they are skipped: the
+numerical kernels then give NaN where :func:`in_domain` is false, never a number (see the
+README section "Invalid input under jit").
 """
 
 from __future__ import annotations
@@ -10,6 +12,9 @@ from __future__ import annotations
 import numpy as np
 import jax
 import jax.numpy as jnp
+
+# DOMAINS: every argument's range; in_domain: the mask under jit that matches check.
+from jaxrdp._internal.domains import DOMAINS, in_domain, inside  # noqa: F401
 
 
 def is_concrete(x) -> bool:
@@ -26,34 +31,38 @@ def check_float_dtype(name: str, x) -> None:
     raise TypeError(f"{name} must be a real number or array of real numbers, got dtype {dtype}.")
 
 
-def check_range(name: str, x, *, lo=None, hi=None, lo_open=False, hi_open=False,
-                allow_inf=False, allow_nan=False) -> None:
-  """Raise ValueError if a concrete ``x`` leaves the interval [lo, hi] (ends open as asked)."""
+def check(domain: str, x, *, name: str | None = None) -> None:
+  """Eager check of ``x`` against ``DOMAINS[domain]`` (the jit side is :func:`in_domain`).
+
+  TypeError for None or a value that is not real; for a concrete value outside the domain,
+  ValueError naming the argument (``name``, default the domain's name), the interval and the
+  first such value. Tracers pass: under jit the functions return NaN instead."""
+  name = domain if name is None else name
+  allowed = DOMAINS[domain]
   if x is None:
     raise TypeError(f"{name} is required, got None.")
   check_float_dtype(name, x)
   if not is_concrete(x):
     return
-  v = np.asarray(x, dtype=np.float64)
+  # On the host, in the value's own float dtype (every bound is exact in each), so a float
+  # array is not copied to float64; integers and other types become float64.
+  v = np.asarray(x)
+  if v.dtype not in (np.float16, np.float32, np.float64):
+    v = v.astype(np.float64)
   if v.size == 0:
     raise ValueError(f"{name} must not be empty.")
-  bad = np.zeros(v.shape, dtype=bool)
-  if not allow_nan:
-    bad |= np.isnan(v)
-  if not allow_inf:
-    bad |= np.isinf(v)
-  left = "(" if lo_open else "["
-  right = ")" if hi_open else "]"
-  interval = f"{left}{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}{right}"
   with np.errstate(invalid="ignore"):
-    if lo is not None:
-      bad |= (v <= lo) if lo_open else (v < lo)
-    if hi is not None:
-      bad |= (v >= hi) if hi_open else (v > hi)
+    bad = ~np.asarray(inside(allowed, v), bool)
   if np.any(bad):
     example = v[bad].ravel()[0]
-    raise ValueError(f"{name} must lie in {interval}{'' if allow_inf else ' and be finite'}; "
-                     f"got {float(example)!r}.")
+    raise ValueError(f"{name} must lie in {allowed.interval()}"
+                     f"{'' if allowed.allow_inf else ' and be finite'}; got {float(example)!r}.")
+
+
+def check_all(**arguments) -> None:
+  """:func:`check` of each keyword argument against the domain of the same name, in order."""
+  for name, x in arguments.items():
+    check(name, x)
 
 
 def check_broadcast(**arrays) -> tuple:

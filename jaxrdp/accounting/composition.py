@@ -44,12 +44,17 @@ def compute_rdp(q: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
     Mironov, Talwar, Zhang (2019), arXiv:1908.10530, Sec. 3; Mironov (2017), arXiv:1702.07476,
     Prop. 1 (composition).
   """
-  # q and noise_multiplier are checked here too, before they are converted and broadcast.
-  validation.check_range("q", q, lo=0.0, hi=1.0)
-  validation.check_range("noise_multiplier", noise_multiplier, lo=0.0)
-  validation.check_range("steps", steps, lo=0.0)
-  validation.check_range("orders", orders, lo=1.0, allow_inf=True)
+  validation.check("sampling_rate", q, name="q")
+  validation.check("noise_multiplier", noise_multiplier)
+  validation.check("steps", steps)
+  validation.check("orders", orders)
   validation.check_broadcast(q=q, noise_multiplier=noise_multiplier, steps=steps)
+  return rdp_curve(q, noise_multiplier, steps, orders)
+
+
+def rdp_curve(q, noise_multiplier, steps, orders):
+  """:func:`compute_rdp` after its checks, for callers that checked the arguments themselves
+  (concrete inputs bucketed on the host, as there; orders scalar or 1-D)."""
   given = orders
   orders = validation.as_float_array(orders)
   if orders.ndim > 1:
@@ -113,7 +118,7 @@ def rdp_of_steps(q, sigma, steps, orders, split=None, tables=None, fallback=True
   # 0 steps spend nothing, even at orders where one step is infinite; under jit, negative or
   # NaN steps give NaN.
   out = jnp.where(t == 0, jnp.zeros_like(rdp), t * rdp)
-  out = jnp.where(t >= 0, out, jnp.nan)
+  out = jnp.where(validation.in_domain("steps", t), out, jnp.nan)
   return out if pending is None else (out, pending)
 
 

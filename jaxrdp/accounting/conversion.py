@@ -53,8 +53,8 @@ def _round_up(rdp):
 
 
 def _check_curve(orders, rdp):
-  validation.check_range("orders", orders, lo=1.0, allow_inf=True, allow_nan=True)
-  validation.check_range("rdp", rdp, lo=0.0, allow_inf=True, allow_nan=True)
+  validation.check("curve_orders", orders, name="orders")
+  validation.check("rdp", rdp)
   orders = validation.as_float_array(orders)
   rdp = validation.as_float_array(rdp)
   if orders.ndim != 1 or rdp.ndim < 1 or rdp.shape[-1] != orders.shape[0]:
@@ -91,7 +91,11 @@ def compute_epsilon(orders: jax.typing.ArrayLike, rdp: jax.typing.ArrayLike,
   Returns:
     ``(epsilon, order)``: ε ≥ 0 and the order that attains it, each of shape
     ``broadcast(rdp.shape[:-1], delta.shape)``. ε is +inf when no order gives a finite bound.
-    Differentiable with respect to ``rdp`` (the gradient flows to the optimal order).
+    Differentiable with respect to ``rdp`` (the gradient flows to the optimal order). A pair,
+    as dp_accounting's ``compute_epsilon`` and TF Privacy's ``get_privacy_spent`` return: a
+    caller that holds an RDP curve chooses its order grid, and the binding order shows whether
+    the grid was wide enough (an order at the end of the grid means it was not).
+    :func:`jaxrdp.dpsgd_epsilon` returns ε alone.
 
   Raises:
     ValueError: an argument outside its range (the message names it, the range and the
@@ -106,7 +110,7 @@ def compute_epsilon(orders: jax.typing.ArrayLike, rdp: jax.typing.ArrayLike,
   """
   _check_method(method)
   orders, rdp = _check_curve(orders, rdp)
-  validation.check_range("delta", delta, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+  validation.check("delta", delta)
   validation.check_broadcast(**{"rdp.shape[:-1]": jax.ShapeDtypeStruct(rdp.shape[:-1], rdp.dtype), "delta": delta})
   delta = validation.as_float_array(delta).astype(rdp.dtype)
   return _epsilon_and_order(orders, rdp, delta, method)
@@ -119,8 +123,8 @@ def _epsilon_and_order(orders, rdp, delta, method):
   eps = epsilon_at_orders(orders, rdp, delta[..., None], method)
   best, order = _best_over_orders(eps, orders)
   # Under jit the eager checks do not run: delta outside (0, 1) gives NaN.
-  bad = ~((delta > 0) & (delta < 1))
-  return jnp.where(bad, jnp.nan, best), jnp.where(bad, jnp.nan, order)
+  valid = validation.in_domain("delta", delta)
+  return jnp.where(valid, best, jnp.nan), jnp.where(valid, order, jnp.nan)
 
 
 def epsilon_at_orders(orders, rdp, delta, method="improved"):
@@ -170,7 +174,7 @@ def compute_delta(orders: jax.typing.ArrayLike, rdp: jax.typing.ArrayLike,
   """
   _check_method(method)
   orders, rdp = _check_curve(orders, rdp)
-  validation.check_range("epsilon", epsilon, lo=0.0, allow_inf=True)
+  validation.check("epsilon", epsilon)
   validation.check_broadcast(**{"rdp.shape[:-1]": jax.ShapeDtypeStruct(rdp.shape[:-1], rdp.dtype), "epsilon": epsilon})
   eps = validation.as_float_array(epsilon).astype(rdp.dtype)[..., None]
   return _delta_and_order(orders, rdp, eps, method)
@@ -200,7 +204,7 @@ def _delta_and_order(orders, rdp, eps, method):
   log_delta = jnp.where(jnp.isinf(eps) & r_finite, -inf, log_delta)
   log_delta = jnp.where(r_finite, log_delta, inf)
   best, order = _best_over_orders(log_delta, orders)
-  bad = ~(eps[..., 0] >= 0)  # under jit: negative or NaN epsilon gives NaN
+  bad = ~validation.in_domain("epsilon", eps[..., 0])  # under jit: negative or NaN ε gives NaN
   # Rounding allowance of log(delta) itself (absolute, in units of eps times its size).
   best = best + _OUTPUT_ULPS * jnp.finfo(best.dtype).eps * (1 + jnp.abs(jnp.where(jnp.isfinite(best), best, 0.0)))
   return jnp.where(bad, jnp.nan, jnp.minimum(jnp.exp(best), 1.0)), jnp.where(bad, jnp.nan, order)

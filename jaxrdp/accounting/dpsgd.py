@@ -69,20 +69,12 @@ def _phases(sampling_rate, noise_multiplier, steps):
   return tuple(jnp.broadcast_to(v.astype(dtype), shape) for v in (q, sigma, t))
 
 
-_NO_DELTA = object()
-
-
-def _check_schedule(sampling_rate, noise_multiplier, steps, delta=_NO_DELTA):
-  validation.check_range("sampling_rate", sampling_rate, lo=0.0, hi=1.0)
-  validation.check_range("noise_multiplier", noise_multiplier, lo=0.0)
-  validation.check_range("steps", steps, lo=0.0)
-  if delta is not _NO_DELTA:  # a sentinel: delta=None is an error (check_range says so)
-    validation.check_range("delta", delta, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
-
-
 def _orders(orders, dtype):
-  orders = DEFAULT_ORDERS if orders is None else orders
-  validation.check_range("orders", orders, lo=1.0, allow_inf=True)
+  """The order grid (checked if given) as a 1-D array of ``dtype``."""
+  if orders is None:
+    orders = DEFAULT_ORDERS
+  else:
+    validation.check("orders", orders)
   # A concrete grid stays a host array (also under an outer jax.jit, where a converted
   # constant would be a tracer): its split into exact sums and shared nodes needs the values.
   xp = np if validation.is_concrete(orders) else jnp
@@ -126,7 +118,13 @@ def dpsgd_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typ
   Returns:
     ε (a scalar in the inputs' dtype). Jittable; differentiable with respect to
     ``sampling_rate``, ``noise_multiplier`` (every entry of a schedule), ``steps`` and
-    ``delta``, with exact envelope gradients at the optimal order.
+    ``delta``, with exact envelope gradients at the optimal order. ε alone, not
+    :func:`jaxrdp.compute_epsilon`'s ``(ε, order)`` pair: ε is what is differentiated,
+    calibrated and optimised (``jax.grad`` needs a scalar output), and the order it was
+    minimised over is an internal of the search (with ``refine_order`` it lies between grid
+    orders). The grid order, when wanted: ``compute_epsilon(orders, rdp, delta)`` with ``rdp``
+    the sum over phases of ``compute_rdp(sampling_rate, noise_multiplier, steps, orders)``;
+    its ε is this function's with ``refine_order=False`` (up to rounding).
 
   Raises:
     ValueError: an argument outside its range (named, with the range and the value), or an
@@ -137,17 +135,18 @@ def dpsgd_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typ
     Balle et al. 2020, Thm. 21 (conversion); Mironov 2017, Prop. 3 (classic conversion).
   """
   validation.check_choice("method", method, conversion.METHODS)
-  _check_schedule(sampling_rate, noise_multiplier, steps, delta)
+  validation.check_all(sampling_rate=sampling_rate, noise_multiplier=noise_multiplier,
+                       steps=steps, delta=delta)
   q, sigma, t = _phases(sampling_rate, noise_multiplier, steps)
   grid = _orders(orders, q.dtype)
   delta = validation.to_device(delta, q.dtype)
   if method == "classic":
-    rdp = jnp.sum(composition.compute_rdp(q, sigma, t, grid), axis=0)
+    rdp = jnp.sum(composition.rdp_curve(q, sigma, t, grid), axis=0)
     eps = jnp.min(epsilon_at_orders(grid, rdp, delta, method))
     # Under jit the eager checks do not run: δ outside (0, 1), or an RDP that is NaN (invalid
     # q or σ), gives NaN, never a number.
-    bad = ~((delta > 0) & (delta < 1)) | jnp.any(jnp.isnan(rdp))
-    return jnp.where(bad, jnp.nan, eps)
+    valid = validation.in_domain("delta", delta) & ~jnp.any(jnp.isnan(rdp))
+    return jnp.where(valid, eps, jnp.nan)
   return _dpsgd_epsilon(q, sigma, t, delta, grid, refine_order)
 
 
@@ -241,7 +240,7 @@ def _search_start(dtype):
 def _search_result(state, delta, xp):
   _, eps, best, _, _, is_open, _ = state
   found = xp.isfinite(best) & (best > 1) & xp.isfinite(eps)
-  eps = xp.where((delta > 0) & (delta < 1), eps, xp.nan).astype(best.dtype)
+  eps = xp.where(validation.in_domain("delta", delta), eps, xp.nan).astype(best.dtype)
   return eps, xp.where(found, best, xp.nan).astype(best.dtype), is_open
 
 
@@ -370,7 +369,7 @@ def _search_epsilon(q, sigma, t, delta, grid, refine_order):
                            refine_steps=steps)
   finite = jnp.isfinite(grid) & (grid > 1)
   usable = finite.any() & jnp.isfinite(best) & (best > 1) & jnp.isfinite(eps)
-  eps = jnp.where((delta > 0) & (delta < 1), eps, jnp.nan)
+  eps = jnp.where(validation.in_domain("delta", delta), eps, jnp.nan)
   return eps, jnp.where(usable, best, jnp.nan)
 
 
@@ -592,8 +591,8 @@ def calibrate_noise_multiplier(target_epsilon: jax.typing.ArrayLike, delta: jax.
     ValueError: an argument outside its range (the message names it, the range and the
       value), or a target that no σ ≤ 1e8 reaches.
   """
-  validation.check_range("target_epsilon", target_epsilon, lo=0.0, lo_open=True)
-  _check_schedule(sampling_rate, 1.0, steps, delta)
+  validation.check_all(target_epsilon=target_epsilon, sampling_rate=sampling_rate, steps=steps,
+                       delta=delta)
   q, _, t = _phases(sampling_rate, 1.0, steps)
   grid = _orders(orders, q.dtype)
   target, delta = (validation.to_device(v, q.dtype) for v in (target_epsilon, delta))
@@ -707,8 +706,8 @@ def calibrate_sampling_rate(target_epsilon: jax.typing.ArrayLike, delta: jax.typ
     ValueError: an argument outside its range (the message names it, the range and the
       value), or a target that no q > 1e-12 reaches.
   """
-  validation.check_range("target_epsilon", target_epsilon, lo=0.0, lo_open=True)
-  _check_schedule(0.5, noise_multiplier, steps, delta)
+  validation.check_all(target_epsilon=target_epsilon, noise_multiplier=noise_multiplier,
+                       steps=steps, delta=delta)
   _, sigma, t = _phases(0.5, noise_multiplier, steps)
   grid = _orders(orders, sigma.dtype)
   target, delta = (validation.to_device(v, sigma.dtype) for v in (target_epsilon, delta))
@@ -772,8 +771,8 @@ def calibrate_steps(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.Arra
     ValueError: an argument outside its range (the message names it, the range and the
       value), or a target that not even one step meets.
   """
-  validation.check_range("target_epsilon", target_epsilon, lo=0.0, lo_open=True)
-  _check_schedule(sampling_rate, noise_multiplier, 1.0, delta)
+  validation.check_all(target_epsilon=target_epsilon, sampling_rate=sampling_rate,
+                       noise_multiplier=noise_multiplier, delta=delta)
   max_steps = validation.check_int("max_steps", max_steps, lo=1)
   q, sigma, _ = _phases(sampling_rate, noise_multiplier, 1.0)
   if q.shape != (1,):
@@ -782,7 +781,7 @@ def calibrate_steps(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.Arra
   split = _concrete_split(grid) or (None, None)
   if split[0] is not None and validation.is_concrete((q, sigma)):
     # The per-step RDP through the grid's split (the per-order quadrature only if needed).
-    per_step = composition.compute_rdp(q, sigma, 1.0, grid)
+    per_step = composition.rdp_curve(q, sigma, 1.0, grid)
   else:
     per_step = _schedule_rdp(q, sigma, jnp.ones_like(q), grid)
   lo = _calibrate_steps(jnp.asarray(target_epsilon, q.dtype), jnp.asarray(delta, q.dtype),

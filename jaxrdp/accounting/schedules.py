@@ -35,11 +35,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrdp._internal import compilation
+from jaxrdp._internal import deprecation
 from jaxrdp._internal import validation
 from jaxrdp.accounting.order_search import grid_epsilon
-from jaxrdp.accounting.dpsgd import (_REFINE_STEPS, _check_schedule, _dpsgd_epsilon, _orders, _phases,
+from jaxrdp.accounting.dpsgd import (_REFINE_STEPS, _dpsgd_epsilon, _orders, _phases,
                                _schedule_rdp)
-from jaxrdp.accounting.composition import compute_rdp
+from jaxrdp.accounting.composition import rdp_curve
 from jaxrdp.accounting.conversion import compute_epsilon
 
 _PROJECTION_STEPS = 60   # at most this many evaluations of the final safe re-scaling
@@ -64,23 +65,33 @@ class ScheduleResult(NamedTuple):
   history: np.ndarray
 
 
-def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array],
-                      noise_multiplier: jax.typing.ArrayLike,
+@deprecation.positional_in_old_order("utility", "noise_multiplier", "sampling_rate", "steps")
+def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
                       sampling_rate: jax.typing.ArrayLike,
-                      steps: jax.typing.ArrayLike, *,
+                      noise_multiplier: jax.typing.ArrayLike,
+                      steps: jax.typing.ArrayLike,
                       target_epsilon: float, delta: float,
                       optimizer: optax.GradientTransformation | None = None,
                       num_iterations: int = 200,
                       orders: jax.typing.ArrayLike | None = None) -> ScheduleResult:
   r"""The noise schedule minimising ``utility`` whose DP-SGD ε is at most ``target_epsilon``.
 
+  **Changed in 1.0:** the schedule is given in :func:`jaxrdp.dpsgd_epsilon`'s order (q, σ, T)
+  (0.1.0: ``optimize_schedule(utility, noise_multiplier, sampling_rate, steps, ...)``). For this
+  release it is keyword-only, ``optimize_schedule(utility, sampling_rate=q,
+  noise_multiplier=σ0, steps=T, target_epsilon=..., delta=...)``; a positional call is read in
+  the 0.1.0 order (σ before q), as before, and warns (``DeprecationWarning``). The next release
+  takes ``(utility, sampling_rate, noise_multiplier, steps)`` by position. ``utility`` is still
+  called as ``utility(noise_multiplier, sampling_rate)``, the order of :class:`ScheduleResult`'s
+  fields: a callback's argument order cannot be changed without silently changing its meaning.
+
   Args:
     utility: ``utility(noise_multiplier, sampling_rate) -> scalar``, differentiable in
       ``noise_multiplier`` (an array with one entry per phase); smaller is better. It must
       reward less noise (otherwise the budget is not the binding constraint).
+    sampling_rate: q per phase (scalar or 1-D), in (0, 1]; kept fixed.
     noise_multiplier: the initial schedule (its shape is what is optimised; its scale is set
       by the budget), scalar or 1-D, > 0.
-    sampling_rate: q per phase (scalar or 1-D), in (0, 1]; kept fixed.
     steps: steps per phase (scalar or 1-D), ≥ 0; kept fixed.
     target_epsilon: the ε budget, > 0.
     delta: δ in (0, 1).
@@ -101,9 +112,9 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array],
   if not callable(utility):
     raise TypeError(f"utility must be a callable utility(noise_multiplier, sampling_rate), got "
                     f"{type(utility).__name__}.")
-  validation.check_range("target_epsilon", target_epsilon, lo=0.0, lo_open=True)
-  _check_schedule(sampling_rate, noise_multiplier, steps, delta)
-  validation.check_range("noise_multiplier", noise_multiplier, lo=0.0, lo_open=True)
+  validation.check_all(target_epsilon=target_epsilon, sampling_rate=sampling_rate, steps=steps,
+                       delta=delta)
+  validation.check("positive_noise_multiplier", noise_multiplier, name="noise_multiplier")
   num_iterations = validation.check_int("num_iterations", num_iterations, lo=0)
   q, sigma0, t = _phases(sampling_rate, noise_multiplier, steps)
   if not bool(jnp.any((q > 0) & (t > 0))):
@@ -146,9 +157,13 @@ def _make_step(utility, optimizer, q, t, delta, grid):
   def step(theta, u, opt_state, log_target):
     h, (h_u, h_theta) = h_grad(u, theta, q, t, delta, grid)
     h_u = jnp.where(h_u < 0, h_u, -1.0)   # ε strictly decreases in the scale
-    u = u - (h - log_target) / h_u         # Newton step onto the boundary
+    # Newton step onto the boundary, damped to a factor e^2 in σ; where ε is infinite or NaN
+    # (a coarse order grid, tiny σ) there is no Newton step: more noise, by e^0.5.
+    newton = u - (h - log_target) / h_u
+    u = jnp.where(jnp.isfinite(newton), jnp.clip(newton, u - 2.0, u + 2.0), u + 0.5)
     dU_du, dU_dtheta = u_grad(u, theta)
     grad = dU_dtheta - dU_du * h_theta / h_u   # implicit-function theorem
+    grad = jnp.where(jnp.isfinite(grad), grad, 0.0)   # no direction there: keep the shape
     updates, opt_state = optimizer.update(grad, opt_state, theta)
     theta = (theta + updates).astype(theta.dtype)   # optax.apply_updates of one array
     return theta, u, opt_state, utility(jnp.exp(u + theta), q)
@@ -164,10 +179,10 @@ def _safe_scale(theta, u_guess, q, t, delta, grid, target):
   def g(u):
     eps = float(_dpsgd_epsilon(q, jnp.exp(u + theta), t, delta, grid, True))
     return math.log(eps / target) if eps > 0 else -math.inf
-  hi = float(u_guess) + 0.01
+  hi = float(u_guess) + 0.01 if math.isfinite(float(u_guess)) else 0.01
   g_hi = g(hi)
   while g_hi > 0:
-    if hi > 40:
+    if not hi <= 40:
       raise ValueError(f"target_epsilon={target} cannot be met by scaling this schedule "
                        "(noise multipliers up to e^40 times the initial ones).")
     hi += 0.5
@@ -222,8 +237,9 @@ def epsilon_trajectory(sampling_rate: jax.typing.ArrayLike, noise_multiplier: ja
   Raises:
     ValueError: an argument outside its range (the message names it, the range and the value).
   """
-  _check_schedule(sampling_rate, noise_multiplier, steps, delta)
-  validation.check_range("at_steps", at_steps, lo=0.0)
+  validation.check_all(sampling_rate=sampling_rate, noise_multiplier=noise_multiplier,
+                       steps=steps, delta=delta)
+  validation.check("steps", at_steps, name="at_steps")
   q, sigma, t = _phases(sampling_rate, noise_multiplier, steps)
   grid = _orders(orders, q.dtype)
   at = jnp.atleast_1d(jnp.asarray(at_steps, q.dtype))
@@ -232,7 +248,7 @@ def epsilon_trajectory(sampling_rate: jax.typing.ArrayLike, noise_multiplier: ja
   # The per-step curve (phases, orders), once: for concrete values and grid through the exact
   # sums and shared nodes, outside the search's program (which would otherwise compile the
   # per-order quadrature for it).
-  per_step = compute_rdp(q, sigma, 1.0, grid)
+  per_step = rdp_curve(q, sigma, 1.0, grid)
   eps = _prefix_epsilon(q, sigma, prefix, jnp.asarray(delta, q.dtype), grid, per_step)
   return eps.reshape(jnp.shape(at_steps))
 

@@ -19,7 +19,7 @@ exactly the cost the sweep's structure avoids. The grid value is an upper bound 
 refined one (never below it).
 
 :func:`sweep_noise_multiplier` is the inverse: the smallest σ meeting each target ε, one
-:func:`jaxrdp.calibrate_noise_multiplier` search per cell of (target ε, q, T, δ), vectorised.
+:func:`jaxrdp.calibrate_noise_multiplier` search per cell of (target ε, δ, q, T), vectorised.
 
 Both functions evaluate the grid in chunks (so that memory stays bounded whatever the grid
 size: the only thing that grows is the result, kept on the host until the end), spread every
@@ -48,6 +48,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, PartitionSpec
 
+from jaxrdp._internal import deprecation
 from jaxrdp._internal import validation
 from jaxrdp.accounting.dpsgd import _calibrate_sigma, _orders
 from jaxrdp.accounting.conversion import compute_epsilon
@@ -107,10 +108,10 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
     Mironov, Talwar, Zhang (2019), arXiv:1908.10530 (RDP of the sampled Gaussian); Mironov
     (2017), Prop. 1 (composition); Balle et al. (2020), Thm. 21 (conversion).
   """
-  q = _grid_axis("sampling_rates", sampling_rates, lo=0.0, hi=1.0)
-  sigma = _grid_axis("noise_multipliers", noise_multipliers, lo=0.0)
-  t = _grid_axis("steps", steps, lo=0.0)
-  delta = _grid_axis("deltas", deltas, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+  q = _grid_axis("sampling_rates", sampling_rates, "sampling_rate")
+  sigma = _grid_axis("noise_multipliers", noise_multipliers, "noise_multiplier")
+  t = _grid_axis("steps", steps, "steps")
+  delta = _grid_axis("deltas", deltas, "delta")
   dtype = jnp.result_type(q, sigma, t)   # as dpsgd_epsilon: δ is cast to the schedule's dtype
   grid = _order_grid(orders, dtype)
   mesh = _mesh(devices)
@@ -162,24 +163,34 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
   return jnp.asarray(out.reshape(q.size, sigma.size, t.size, delta.size))
 
 
-def sweep_noise_multiplier(target_epsilons: jax.typing.ArrayLike,
-                           sampling_rates: jax.typing.ArrayLike, steps: jax.typing.ArrayLike,
-                           deltas: jax.typing.ArrayLike, *,
+@deprecation.positional_in_old_order("target_epsilons", "sampling_rates", "steps", "deltas")
+def sweep_noise_multiplier(target_epsilons: jax.typing.ArrayLike, *,
+                           deltas: jax.typing.ArrayLike, sampling_rates: jax.typing.ArrayLike,
+                           steps: jax.typing.ArrayLike,
                            orders: jax.typing.ArrayLike | None = None,
                            chunk_size: int | None = None, progress: bool = False,
                            devices: Sequence[jax.Device] | None = None) -> jax.Array:
-  r"""Smallest noise multiplier σ meeting each target ε, over a grid (target ε, q, T, δ).
+  r"""Smallest noise multiplier σ meeting each target ε, over the grid of targets, δ, q and T.
 
   Cell by cell the same search as :func:`jaxrdp.calibrate_noise_multiplier` (bracketed
   Illinois regula falsi in log σ on the grid-order ε; the σ returned was checked to meet the
   target), vectorised over the cells of a chunk: the search loop runs until every cell of the
   chunk has converged, each cell keeping its own result.
 
+  **Changed in 1.0:** the arguments follow :func:`jaxrdp.calibrate_noise_multiplier`'s order
+  (target ε, δ, q, T) (0.1.0: ``sweep_noise_multiplier(target_epsilons, sampling_rates, steps,
+  deltas)``). The result keeps its 0.1.0 axes (E, Q, T, D), :func:`sweep`'s layout (q, T, δ):
+  reordering them would silently change what an index written for 0.1.0 reads. For this
+  release all but ``target_epsilons`` are keyword-only,
+  ``sweep_noise_multiplier(targets, deltas=δs, sampling_rates=qs, steps=ts)``; a positional
+  call is read in the 0.1.0 order, as before, and warns (``DeprecationWarning``). The next
+  release takes ``(target_epsilons, deltas, sampling_rates, steps)`` by position.
+
   Args:
     target_epsilons: 1-D array of E targets ε > 0.
+    deltas: 1-D array of D values of δ in (0, 1).
     sampling_rates: 1-D array of Q sampling rates q in [0, 1].
     steps: 1-D array of T step counts ≥ 0.
-    deltas: 1-D array of D values of δ in (0, 1).
     orders: the order grid (default :data:`jaxrdp.DEFAULT_ORDERS`), 1-D.
     chunk_size: at most this many cells per compiled call (rounded up to whole blocks of
       ~4096 / len(orders) cells on every device); default 4 blocks per device. Results do
@@ -198,10 +209,10 @@ def sweep_noise_multiplier(target_epsilons: jax.typing.ArrayLike,
       value).
     TypeError: an argument that is not real-valued.
   """
-  eps = _grid_axis("target_epsilons", target_epsilons, lo=0.0, lo_open=True)
-  q = _grid_axis("sampling_rates", sampling_rates, lo=0.0, hi=1.0)
-  t = _grid_axis("steps", steps, lo=0.0)
-  delta = _grid_axis("deltas", deltas, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+  eps = _grid_axis("target_epsilons", target_epsilons, "target_epsilon")
+  q = _grid_axis("sampling_rates", sampling_rates, "sampling_rate")
+  t = _grid_axis("steps", steps, "steps")
+  delta = _grid_axis("deltas", deltas, "delta")
   dtype = jnp.result_type(q, t)   # as calibrate_noise_multiplier
   grid = _order_grid(orders, dtype)
   mesh = _mesh(devices)
@@ -312,7 +323,8 @@ def _run_pipelined(tasks, collect, progress_bar, total):
       bar.close()
 
 
-def _grid_axis(name, x, **bounds):
+def _grid_axis(name, x, domain):
+  """A grid axis: a concrete 1-D array of values in ``DOMAINS[domain]``."""
   if x is None:
     raise TypeError(f"{name} is required, got None.")
   validation.check_float_dtype(name, x)
@@ -323,7 +335,7 @@ def _grid_axis(name, x, **bounds):
   if v.ndim != 1:
     raise ValueError(f"{name} must be a 1-D array (one entry per grid point), got shape "
                      f"{v.shape}.")
-  validation.check_range(name, v, **bounds)
+  validation.check(domain, v, name=name)
   return v
 
 

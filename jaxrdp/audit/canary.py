@@ -162,14 +162,14 @@ def _check_count(name, x, lo=0):
   return int(x)
 
 
-def _check_probability(name, x, hi_open=True):
-  """A real scalar in (0, 1) (or (0, 1] with ``hi_open=False``), as a Python float."""
+def _check_probability(name, x, domain):
+  """A real scalar in ``DOMAINS[domain]`` (a probability), as a Python float."""
   if x is None or isinstance(x, (bool, np.bool_)):
     raise TypeError(f"{name} must be a real number, got {x!r}.")
   validation.check_float_dtype(name, x)
   if np.ndim(x) != 0:
     raise ValueError(f"{name} must be a scalar, got shape {np.shape(x)}.")
-  validation.check_range(name, x, lo=0.0, hi=1.0, lo_open=True, hi_open=hi_open)
+  validation.check(domain, x, name=name)
   return float(np.asarray(x))
 
 
@@ -214,7 +214,7 @@ def clopper_pearson_upper(successes: int, trials: int, alpha: float) -> float:
   k = _check_count("successes", successes)
   if k > n:
     raise ValueError(f"successes must be <= trials, got {k} > {n}.")
-  alpha = _check_probability("alpha", alpha)
+  alpha = _check_probability("alpha", alpha, "significance")
   if k == n:
     return 1.0
   target = math.log(alpha) - _LOG_CDF_SLACK
@@ -278,8 +278,8 @@ def epsilon_lower_bound(false_positives: int, false_negatives: int,
     n_absent = n_present = trials
   n_absent = _check_count("trials", n_absent, lo=1)
   n_present = _check_count("trials", n_present, lo=1)
-  delta = _check_probability("delta", delta)
-  confidence = _check_probability("confidence", confidence)
+  delta = _check_probability("delta", delta, "delta")
+  confidence = _check_probability("confidence", confidence, "confidence")
   alpha = (1.0 - confidence) / 2
   fpr = clopper_pearson_upper(false_positives, n_absent, alpha)
   fnr = clopper_pearson_upper(false_negatives, n_present, alpha)
@@ -378,7 +378,7 @@ def _check_inputs(per_example_grads, canary_index, num_trials, num_steps, sampli
                      f"evaluate it), got {num_trials}.")
   _check_count("num_steps", num_steps, lo=1)
   _check_count("trials_per_batch", trials_per_batch, lo=1)
-  _check_probability("sampling_rate", sampling_rate, hi_open=False)
+  _check_probability("sampling_rate", sampling_rate, "positive_sampling_rate")
   return batch, check_mask(mask, batch)
 
 
@@ -563,8 +563,8 @@ def audit_transform(tx_or_factory: TransformOrFactory, per_example_grads: Any,
   References:
     Jagielski, Ullman, Oprea, NeurIPS 2020; Nasr et al., IEEE S&P 2021; Clopper, Pearson 1934.
   """
-  delta = _check_probability("delta", delta)
-  confidence = _check_probability("confidence", confidence)
+  delta = _check_probability("delta", delta, "delta")
+  confidence = _check_probability("confidence", confidence, "confidence")
   absent, present, included = audit_statistics(
       tx_or_factory, per_example_grads, canary_index, num_trials=num_trials, key=key,
       sampling_rate=sampling_rate, num_steps=num_steps, params=params, mask=mask,
@@ -596,9 +596,9 @@ def audit_from_statistics(absent_statistics: np.ndarray, present_statistics: np.
   Returns:
     An :class:`AuditResult`.
   """
-  delta = _check_probability("delta", delta)
-  confidence = _check_probability("confidence", confidence)
-  q = _check_probability("sampling_rate", sampling_rate, hi_open=False)
+  delta = _check_probability("delta", delta, "delta")
+  confidence = _check_probability("confidence", confidence, "confidence")
+  q = _check_probability("sampling_rate", sampling_rate, "positive_sampling_rate")
   absent = np.asarray(absent_statistics, np.float64)
   present = np.asarray(present_statistics, np.float64)
   if absent.ndim == 1:

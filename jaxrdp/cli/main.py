@@ -45,12 +45,15 @@ import jax
 import numpy as np
 
 import jaxrdp
+from jaxrdp._internal import domains
 from jaxrdp.accounting.sweep import sweep as _sweep
 
 _PROG = "jaxrdp"
 _PLOT_POINTS = 40
 
-# Library argument names -> CLI flags, for messages of the library's ValueError / TypeError.
+# Library argument names -> CLI flags, for the library's messages that the flags' types
+# (checked against the library's DOMAINS, see _in) cannot anticipate: a calibration target
+# that no noise multiplier reaches, sweep's chunk size.
 _FLAG_OF = {
     "target_epsilon": "--epsilon",
     "sampling_rate": "--sampling-rate",
@@ -95,33 +98,41 @@ def _whole(text):
     raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
 
 
-def _orders(text):
+def _numbers(text):
   try:
-    values = [float(part) for part in text.split(",")]
+    return [float(part) for part in text.split(",")]
   except ValueError:
     raise argparse.ArgumentTypeError(
         f"must be a comma-separated list of numbers, got {text!r}") from None
-  if not all(v >= 1 for v in values):  # also rejects NaN
-    raise argparse.ArgumentTypeError(f"orders must all be >= 1, got {text!r}")
-  return values
 
 
 def _fmt(v) -> str:
   return f"{v:g}"
 
 
-def _check(flag, value, *, lo=None, hi=None, lo_open=False, hi_open=False) -> None:
-  ok = math.isfinite(value)
-  if ok and lo is not None:
-    ok = value > lo if lo_open else value >= lo
-  if ok and hi is not None:
-    ok = value < hi if hi_open else value <= hi
-  if not ok:
-    if hi is None:
-      where = f"be {'>' if lo_open else '>='} {_fmt(lo)}"
-    else:
-      where = f"lie in {'(' if lo_open else '['}{_fmt(lo)}, {_fmt(hi)}{')' if hi_open else ']'}"
-    _fail(f"{flag} must {where}, got {_fmt(value)}")
+def _range(domain: str) -> str:
+  """The library's DOMAINS[domain] as the CLI writes it: "in (0, 1)", "> 0", ">= 1"."""
+  d = domains.DOMAINS[domain]
+  if d.hi is None:
+    return f"{'>' if d.lo_open else '>='} {_fmt(d.lo)}"
+  return f"in {'(' if d.lo_open else '['}{_fmt(d.lo)}, {_fmt(d.hi)}{')' if d.hi_open else ']'}"
+
+
+def _in(domain: str, parse=_number):
+  """An argparse type: ``parse`` the text (a number, a list or a grid of them), then check each
+  value against the library's DOMAINS[domain]. argparse puts the flag before the message."""
+  allowed = domains.DOMAINS[domain]
+
+  def convert(text):
+    value = parse(text)
+    for v in np.atleast_1d(value).tolist():
+      if not domains.inside(allowed, v):
+        unbounded = allowed.hi is None and not allowed.allow_inf
+        finite = " and finite" if unbounded and v == math.inf else ""
+        raise argparse.ArgumentTypeError(
+            f"must {'be' if allowed.hi is None else 'lie'} {_range(domain)}{finite}, got {_fmt(v)}")
+    return value
+  return convert
 
 
 def _library_error(err: Exception) -> str:
@@ -154,15 +165,7 @@ def _epsilons(q, sigma, steps, delta, orders=None):
     return (float(eps), float(order), float(refined), float(classic), float(classic_order))
 
 
-def _check_mechanism(args) -> None:
-  _check("--sampling-rate", args.sampling_rate, lo=0.0, hi=1.0)
-  _check("--noise-multiplier", args.noise_multiplier, lo=0.0, lo_open=True)
-  _check("--steps", args.steps, lo=1)
-  _check("--delta", args.delta, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
-
-
 def _cmd_epsilon(args, out) -> None:
-  _check_mechanism(args)
   eps, order, refined, classic, classic_order = _epsilons(
       args.sampling_rate, args.noise_multiplier, args.steps, args.delta, args.orders)
   if args.json:
@@ -181,10 +184,6 @@ def _cmd_epsilon(args, out) -> None:
 
 
 def _cmd_calibrate(args, out) -> None:
-  _check("--epsilon", args.epsilon, lo=0.0, lo_open=True)
-  _check("--delta", args.delta, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
-  _check("--sampling-rate", args.sampling_rate, lo=0.0, hi=1.0)
-  _check("--steps", args.steps, lo=1)
   with jax.enable_x64(True):
     sigma = float(jaxrdp.calibrate_noise_multiplier(args.epsilon, args.delta, args.sampling_rate,
                                                     args.steps))
@@ -198,13 +197,8 @@ def _cmd_calibrate(args, out) -> None:
 
 def _cmd_dpsgd(args, out) -> None:
   n, b = args.dataset_size, args.batch_size
-  _check("--dataset-size", n, lo=1)
-  _check("--batch-size", b, lo=1)
   if b > n:
     _fail(f"--batch-size must be at most --dataset-size ({n}), got {b}")
-  _check("--epochs", args.epochs, lo=0.0, lo_open=True)
-  _check("--noise-multiplier", args.noise_multiplier, lo=0.0, lo_open=True)
-  _check("--delta", args.delta, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
   q = b / n
   # Exact arithmetic, so that e.g. 3 epochs of 100 examples in batches of 10 is 30 steps, not 31.
   steps = math.ceil(fractions.Fraction(repr(args.epochs)) * n / b)
@@ -242,7 +236,6 @@ def _cmd_dpsgd(args, out) -> None:
 
 
 def _cmd_plot(args, out) -> None:
-  _check_mechanism(args)
   try:
     from matplotlib.figure import Figure
   except ImportError:
@@ -334,11 +327,6 @@ def _grid_steps(text):
   return np.asarray(values, np.float64)
 
 
-def _check_all(flag, values, **bounds) -> None:
-  for v in values:
-    _check(flag, float(v), **bounds)
-
-
 def _pick(flag, grid_flag, grid, value):
   if value is None:
     return 0
@@ -416,10 +404,6 @@ def _write_heatmap(path, q, sigma, eps, steps, delta) -> None:
 def _cmd_sweep(args, out) -> None:
   if args.out is None and args.heatmap is None:
     _fail("--out (a .csv or .parquet file) or --heatmap (a .png file) is required")
-  _check_all("--sampling-rates", args.sampling_rates, lo=0.0, hi=1.0)
-  _check_all("--noise-multipliers", args.noise_multipliers, lo=0.0, lo_open=True)
-  _check_all("--steps", args.steps, lo=1)
-  _check_all("--deltas", args.deltas, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
   if args.out is not None:
     _writable("--out", args.out)
     if args.out.endswith(".parquet"):
@@ -466,60 +450,65 @@ def _build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--version", action="version", version=f"jaxrdp {jaxrdp.__version__}")
   sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-  def add(p, flag, type_, help_):
-    p.add_argument(flag, type=type_, required=True, help=help_)
+  def add(p, flag, domain, parse, help_):
+    """A required flag with values in the library's DOMAINS[domain] ({} in help_: the range)."""
+    p.add_argument(flag, type=_in(domain, parse), required=True, help=help_.format(_range(domain)))
+
+  def add_orders(p):
+    p.add_argument("--orders", type=_in("orders", _numbers), default=None,
+                   help=f"comma-separated Renyi orders {_range('orders')} "
+                   "(default: jaxrdp.DEFAULT_ORDERS)")
 
   p = sub.add_parser("epsilon", help="epsilon of DP-SGD with Poisson sampling")
-  add(p, "--sampling-rate", _number, "q in [0, 1]")
-  add(p, "--noise-multiplier", _number, "sigma > 0")
-  add(p, "--steps", _whole, "number of steps T >= 1")
-  add(p, "--delta", _number, "delta in (0, 1)")
-  p.add_argument("--orders", type=_orders, default=None,
-                 help="comma-separated Renyi orders >= 1 (default: jaxrdp.DEFAULT_ORDERS)")
+  add(p, "--sampling-rate", "sampling_rate", _number, "q {}")
+  add(p, "--noise-multiplier", "positive_noise_multiplier", _number, "sigma {}")
+  add(p, "--steps", "count", _whole, "number of steps T {}")
+  add(p, "--delta", "delta", _number, "delta {}")
+  add_orders(p)
   p.add_argument("--json", action="store_true", help="print a JSON object")
   p.set_defaults(func=_cmd_epsilon)
 
   p = sub.add_parser("calibrate", help="smallest noise multiplier reaching a target epsilon")
-  add(p, "--epsilon", _number, "target epsilon > 0")
-  add(p, "--delta", _number, "delta in (0, 1)")
-  add(p, "--sampling-rate", _number, "q in [0, 1]")
-  add(p, "--steps", _whole, "number of steps T >= 1")
+  add(p, "--epsilon", "target_epsilon", _number, "target epsilon {}")
+  add(p, "--delta", "delta", _number, "delta {}")
+  add(p, "--sampling-rate", "sampling_rate", _number, "q {}")
+  add(p, "--steps", "count", _whole, "number of steps T {}")
   p.add_argument("--json", action="store_true", help="print a JSON object")
   p.set_defaults(func=_cmd_calibrate)
 
   p = sub.add_parser("dpsgd", help="privacy statement for DP-SGD training")
-  add(p, "--dataset-size", _whole, "number of training examples N")
-  add(p, "--batch-size", _whole, "expected batch size B (q = B/N)")
-  add(p, "--epochs", _number, "epochs E > 0 (steps = ceil(E*N/B))")
-  add(p, "--noise-multiplier", _number, "sigma > 0")
-  add(p, "--delta", _number, "delta in (0, 1)")
+  add(p, "--dataset-size", "count", _whole, "number of training examples N {}")
+  add(p, "--batch-size", "count", _whole, "expected batch size B {} (q = B/N)")
+  add(p, "--epochs", "epochs", _number, "epochs E {} (steps = ceil(E*N/B))")
+  add(p, "--noise-multiplier", "positive_noise_multiplier", _number, "sigma {}")
+  add(p, "--delta", "delta", _number, "delta {}")
   p.add_argument("--json", action="store_true", help="print a JSON object")
   p.set_defaults(func=_cmd_dpsgd)
 
   p = sub.add_parser("plot", help="plot epsilon vs steps and the RDP curve (needs matplotlib)")
-  add(p, "--sampling-rate", _number, "q in [0, 1]")
-  add(p, "--noise-multiplier", _number, "sigma > 0")
-  add(p, "--steps", _whole, "number of steps T >= 1")
-  add(p, "--delta", _number, "delta in (0, 1)")
-  add(p, "--out", str, "output image file, e.g. eps.png")
+  add(p, "--sampling-rate", "sampling_rate", _number, "q {}")
+  add(p, "--noise-multiplier", "positive_noise_multiplier", _number, "sigma {}")
+  add(p, "--steps", "count", _whole, "number of steps T {}")
+  add(p, "--delta", "delta", _number, "delta {}")
+  p.add_argument("--out", type=str, required=True, help="output image file, e.g. eps.png")
   p.set_defaults(func=_cmd_plot)
 
   p = sub.add_parser("sweep", help="epsilon over a grid of (q, sigma, steps, delta): table, heatmap",
                      description="Epsilon of DP-SGD (Poisson sampling) for every combination of the "
                      "grid values (jaxrdp.sweep, float64).", epilog=_SWEEP_VALUES,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
-  add(p, "--sampling-rates", _grid_values, "sampling rates q in [0, 1]")
-  add(p, "--noise-multipliers", _grid_values, "noise multipliers sigma > 0")
-  add(p, "--steps", _grid_steps, "step counts T >= 1 (whole numbers)")
-  add(p, "--deltas", _grid_values, "deltas in (0, 1)")
+  add(p, "--sampling-rates", "sampling_rate", _grid_values, "sampling rates q {}")
+  add(p, "--noise-multipliers", "positive_noise_multiplier", _grid_values,
+      "noise multipliers sigma {}")
+  add(p, "--steps", "count", _grid_steps, "step counts T {} (whole numbers)")
+  add(p, "--deltas", "delta", _grid_values, "deltas {}")
   p.add_argument("--out", default=None, help="table to write: FILE.csv, or FILE.parquet (pyarrow)")
   p.add_argument("--heatmap", default=None, help="image to write: epsilon over q x sigma (FILE.png)")
   p.add_argument("--heatmap-steps", type=_whole, default=None,
                  help="steps value of the heatmap (default: the first of --steps)")
   p.add_argument("--heatmap-delta", type=_number, default=None,
                  help="delta of the heatmap (default: the first of --deltas)")
-  p.add_argument("--orders", type=_orders, default=None,
-                 help="comma-separated Renyi orders >= 1 (default: jaxrdp.DEFAULT_ORDERS)")
+  add_orders(p)
   p.add_argument("--chunk-size", type=_whole, default=None,
                  help="(q, sigma) pairs per compiled call (default: automatic)")
   p.add_argument("--progress", action="store_true", help="show a progress bar (needs tqdm)")

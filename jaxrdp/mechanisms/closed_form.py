@@ -75,9 +75,9 @@ def rdp_sampled_gaussian_closed_form(sampling_rate: jax.typing.ArrayLike,
     Mironov, Talwar, Zhang, "Rényi Differential Privacy of the Sampled Gaussian Mechanism",
     arXiv:1908.10530, Sec. 3.2, Theorem 11 (Lemmas 9 and 10).
   """
-  validation.check_range("sampling_rate", sampling_rate, lo=0.0, hi=1.0)
-  validation.check_range("noise_multiplier", noise_multiplier, lo=0.0)
-  validation.check_range("orders", orders, lo=1.0, allow_inf=True)
+  validation.check("sampling_rate", sampling_rate)
+  validation.check("noise_multiplier", noise_multiplier)
+  validation.check("orders", orders)
   validation.check_broadcast(sampling_rate=sampling_rate, noise_multiplier=noise_multiplier,
                               orders=orders)
   q = validation.as_float_array(sampling_rate)
@@ -139,5 +139,6 @@ def _closed_form(q, sigma, alpha):
   bound = 2 * q_s * q_s * a_b / s2 * (1 + _ROUND_UP_ULPS * eps)
   out = jnp.where(holds, bound, jnp.inf)
   out = jnp.where(q == 0, 0.0, out)
-  invalid = ~((q >= 0) & (q <= 1) & (sigma >= 0) & (alpha >= 1))
-  return jnp.where(invalid, jnp.nan, out).astype(dtype)
+  valid = (validation.in_domain("sampling_rate", q) & validation.in_domain("orders", alpha)
+           & validation.in_domain("noise_multiplier", sigma))
+  return jnp.where(valid, out, jnp.nan).astype(dtype)

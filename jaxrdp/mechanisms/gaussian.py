@@ -40,8 +40,8 @@ def rdp_gaussian(noise_multiplier: jax.typing.ArrayLike, orders: jax.typing.Arra
     Mironov, "Rényi differential privacy", CSF 2017, arXiv:1702.07476, Prop. 7 and Cor. 3
     (Table II).
   """
-  validation.check_range("noise_multiplier", noise_multiplier, lo=0.0)
-  validation.check_range("orders", orders, lo=1.0, allow_inf=True)
+  validation.check("noise_multiplier", noise_multiplier)
+  validation.check("orders", orders)
   validation.check_broadcast(noise_multiplier=noise_multiplier, orders=orders)
   sigma = validation.as_float_array(noise_multiplier)
   alpha = validation.as_float_array(orders)
@@ -56,5 +56,5 @@ def _rdp_gaussian(sigma, alpha):
   s = jnp.where(finite, sigma, 1.0)
   a = jnp.where(finite, alpha, 1.0)
   out = jnp.where(finite, a / (2 * s * s), jnp.inf)
-  invalid = ~((sigma >= 0) & (alpha >= 1))
-  return jnp.where(invalid, jnp.nan, out)
+  valid = validation.in_domain("noise_multiplier", sigma) & validation.in_domain("orders", alpha)
+  return jnp.where(valid, out, jnp.nan)

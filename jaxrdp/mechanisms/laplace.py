@@ -63,8 +63,8 @@ def rdp_laplace(scale: jax.typing.ArrayLike, orders: jax.typing.ArrayLike) -> ja
     Mironov, "Rényi differential privacy", CSF 2017, arXiv:1702.07476, Prop. 6, Cor. 2 and
     Table II (the α = 1 and α = ∞ limits).
   """
-  validation.check_range("scale", scale, lo=0.0)
-  validation.check_range("orders", orders, lo=1.0, allow_inf=True)
+  validation.check("scale", scale)
+  validation.check("orders", orders)
   validation.check_broadcast(scale=scale, orders=orders)
   b = validation.as_float_array(scale)
   alpha = validation.as_float_array(orders)
@@ -96,5 +96,5 @@ def _rdp_laplace(b, alpha):
   out = jnp.where(near, near_value, far_value)
   out = jnp.where(jnp.isinf(alpha), eps0, out)
   out = jnp.where(b == 0, jnp.inf, out)
-  invalid = ~((b >= 0) & (alpha >= 1))
-  return jnp.where(invalid, jnp.nan, out)
+  valid = validation.in_domain("scale", b) & validation.in_domain("orders", alpha)
+  return jnp.where(valid, out, jnp.nan)

@@ -61,8 +61,8 @@ def rdp_randomized_response(p: jax.typing.ArrayLike, orders: jax.typing.ArrayLik
   References:
     Mironov, "Rényi differential privacy", CSF 2017, arXiv:1702.07476, Prop. 5 and Table II.
   """
-  validation.check_range("p", p, lo=0.5, hi=1.0)
-  validation.check_range("orders", orders, lo=1.0, allow_inf=True)
+  validation.check("p", p)
+  validation.check("orders", orders)
   validation.check_broadcast(p=p, orders=orders)
   p = validation.as_float_array(p)
   alpha = validation.as_float_array(orders)
@@ -95,5 +95,5 @@ def _rdp_randomized_response(p, alpha):
   out = jnp.where(jnp.isinf(alpha), t, out)
   out = jnp.where(p == 0.5, 0.0, out)
   out = jnp.where(p == 1, jnp.inf, out)
-  invalid = ~((p >= 0.5) & (p <= 1) & (alpha >= 1))
-  return jnp.where(invalid, jnp.nan, out)
+  valid = validation.in_domain("p", p) & validation.in_domain("orders", alpha)
+  return jnp.where(valid, out, jnp.nan)

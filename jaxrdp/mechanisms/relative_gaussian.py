@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from jaxrdp._internal import deprecation
 from jaxrdp._internal import numerics
 from jaxrdp._internal import validation
 
@@ -46,7 +48,7 @@ _OUTPUT_ULPS = 16
 
 
 def _atanh_tail(v):
-  return numerics._horner(v, _ATANH_TAIL_COEFFS)  # pylint: disable=protected-access
+  return numerics.horner(v, _ATANH_TAIL_COEFFS)
 
 
 def _neg_log1m_minus_x_over_x(x, den_lo):
@@ -82,8 +84,9 @@ def _eta_minus_log1p(eta):
   return jnp.where(small, series, direct)
 
 
-def rdp_relative_gaussian(alpha: jax.typing.ArrayLike, eta: jax.typing.ArrayLike,
-                          gamma: jax.typing.ArrayLike, dim: jax.typing.ArrayLike) -> jax.Array:
+@deprecation.positional_in_old_order("alpha", "eta", "gamma", "dim", renamed={"alpha": "orders"})
+def rdp_relative_gaussian(*, eta: jax.typing.ArrayLike, gamma: jax.typing.ArrayLike,
+                          dim: jax.typing.ArrayLike, orders: jax.typing.ArrayLike) -> jax.Array:
   r"""Exact RDP ε(α) of one release of the Relative Gaussian Mechanism.
 
   .. math:: \varepsilon(\alpha) = \sup_{u, v \text{ admissible}}
@@ -97,13 +100,19 @@ def rdp_relative_gaussian(alpha: jax.typing.ArrayLike, eta: jax.typing.ArrayLike
   :math:`u = (1 + \eta) v` when σ = γR_rel/η, and approached as ‖v‖ → ∞ when σ > γR_rel/η.
 
   All arguments broadcast against each other. Jittable, vmappable, differentiable in α, η, γ;
-  computes in the floating dtype of ``alpha``, ``eta`` and ``gamma`` (``dim`` is cast to it).
+  computes in the floating dtype of ``orders``, ``eta`` and ``gamma`` (``dim`` is cast to it).
+
+  **Changed in 1.0:** the orders come last, as in every ``rdp_*`` curve, and are named
+  ``orders`` (0.1.0: ``rdp_relative_gaussian(alpha, eta, gamma, dim)``). For this release the
+  arguments are keyword-only, ``rdp_relative_gaussian(eta=η, gamma=γ, dim=d, orders=α)``; a
+  positional call is read in the 0.1.0 order, as before, and warns (``DeprecationWarning``), as
+  does the keyword ``alpha``. The next release takes ``(eta, gamma, dim, orders)`` by position.
 
   Args:
-    alpha: Rényi orders α ≥ 1 (``inf`` allowed; α = 1 gives the KL divergence).
     eta: η > 0, the multiplicative part of the relative L2 sensitivity.
     gamma: γ > 0, the noise standard deviation per unit of output norm.
     dim: d, the dimension of the released vector (positive integer).
+    orders: Rényi orders α ≥ 1 (``inf`` allowed; α = 1 gives the KL divergence).
 
   Returns:
     ε(α) ≥ 0, rounded up (never below the exact value at the given inputs); +inf for
@@ -123,16 +132,16 @@ def rdp_relative_gaussian(alpha: jax.typing.ArrayLike, eta: jax.typing.ArrayLike
     measures for commonly used univariate continuous distributions", Information Sciences
     2013. Derivation of the supremum: ``docs/relative_gaussian.md``.
   """
-  validation.check_range("alpha", alpha, lo=1.0, allow_inf=True)
-  validation.check_range("eta", eta, lo=0.0, lo_open=True)
-  validation.check_range("gamma", gamma, lo=0.0, lo_open=True)
-  validation.check_range("dim", dim, lo=1.0)
-  validation.check_broadcast(alpha=alpha, eta=eta, gamma=gamma, dim=dim)
-  if validation.is_concrete(dim):
-    d = jnp.asarray(dim)
-    if not bool(jnp.all(d == jnp.floor(d))):
+  validation.check("eta", eta)
+  validation.check("gamma", gamma)
+  validation.check("dim", dim)
+  validation.check("orders", orders)
+  validation.check_broadcast(eta=eta, gamma=gamma, dim=dim, orders=orders)
+  if validation.is_concrete(dim):   # on the host: under an outer jit, jnp would trace a constant
+    d = np.asarray(dim)
+    if not bool(np.all(d == np.floor(d))):
       raise ValueError(f"dim must be a positive integer; got {dim!r}.")
-  a = validation.as_float_array(alpha)
+  a = validation.as_float_array(orders)
   e = validation.as_float_array(eta)
   g = validation.as_float_array(gamma)
   dtype = jnp.result_type(a, e, g)
@@ -144,8 +153,9 @@ def rdp_relative_gaussian(alpha: jax.typing.ArrayLike, eta: jax.typing.ArrayLike
 def _rdp_relative_gaussian(alpha, eta, gamma, dim):
   alpha, eta, gamma, dim = jnp.broadcast_arrays(alpha, eta, gamma, dim)
   eps = jnp.finfo(alpha.dtype).eps
-  valid = ((alpha >= 1) & (eta > 0) & jnp.isfinite(eta) & (gamma > 0) & jnp.isfinite(gamma)
-           & (dim >= 1) & (dim == jnp.floor(dim)))
+  valid = (validation.in_domain("orders", alpha) & validation.in_domain("eta", eta)
+           & validation.in_domain("gamma", gamma) & validation.in_domain("dim", dim)
+           & (dim == jnp.floor(dim)))
   finite_alpha = jnp.isfinite(alpha)
   a = jnp.where(valid & finite_alpha, alpha, 1.0)
   e = jnp.where(valid, eta, 1.0)

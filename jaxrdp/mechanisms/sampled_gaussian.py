@@ -700,9 +700,9 @@ def log_a(q: jax.typing.ArrayLike, sigma: jax.typing.ArrayLike,
     Mironov, Talwar, Zhang, "Rényi Differential Privacy of the Sampled Gaussian Mechanism",
     arXiv:1908.10530, Sec. 3 (definition of A_α; Sec. 3.3 numerically stable computation).
   """
-  validation.check_range("q", q, lo=0.0, hi=1.0)
-  validation.check_range("sigma", sigma, lo=0.0)
-  validation.check_range("alpha", alpha, lo=1.0, allow_inf=True)
+  validation.check("sampling_rate", q, name="q")
+  validation.check("noise_multiplier", sigma, name="sigma")
+  validation.check("orders", alpha, name="alpha")
   validation.check_broadcast(q=q, sigma=sigma, alpha=alpha)
   return log_a_and_rdp(q, sigma, alpha)[0]
 
@@ -729,9 +729,9 @@ def rdp_sampled_gaussian(q: jax.typing.ArrayLike, noise_multiplier: jax.typing.A
   References:
     Mironov, Talwar, Zhang (2019), arXiv:1908.10530, Sec. 3; Mironov (2017), Def. 3.
   """
-  validation.check_range("q", q, lo=0.0, hi=1.0)
-  validation.check_range("noise_multiplier", noise_multiplier, lo=0.0)
-  validation.check_range("orders", orders, lo=1.0, allow_inf=True)
+  validation.check("sampling_rate", q, name="q")
+  validation.check("noise_multiplier", noise_multiplier)
+  validation.check("orders", orders)
   validation.check_broadcast(q=q, noise_multiplier=noise_multiplier, orders=orders)
   return log_a_and_rdp(q, noise_multiplier, orders)[1]
 
@@ -837,8 +837,9 @@ def _terms(q, sigma, alpha, log_j=None, inv_2s2=None):
   # A_1 = 1 exactly: log A vanishes at alpha = 1 whatever q and sigma.
   log_a_out = _where(alpha == 1, zero, log_a_out)
   # Under jit the eager range checks do not run: out-of-range inputs give NaN, never a number.
-  invalid = ~((q >= 0) & (q <= 1) & (sigma >= 0) & (alpha >= 1))
-  return _where(invalid, jnp.nan, log_a_out), _where(invalid, jnp.nan, rdp_out)
+  valid = (validation.in_domain("sampling_rate", q) & validation.in_domain("orders", alpha)
+           & validation.in_domain("noise_multiplier", sigma))
+  return _where(valid, log_a_out, jnp.nan), _where(valid, rdp_out, jnp.nan)
 
 
 # --- a concrete grid of orders: exact sums at integer orders, shared nodes at fractional ones ---

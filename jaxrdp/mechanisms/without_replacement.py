@@ -116,9 +116,9 @@ def rdp_sampled_gaussian_without_replacement(
     moments accountant", AISTATS 2019, arXiv:1808.00087, Theorem 27 and Corollary 10;
     dp_accounting ``rdp_privacy_accountant._compute_rdp_sample_wor_gaussian``.
   """
-  validation.check_range("sampling_rate", sampling_rate, lo=0.0, hi=1.0)
-  validation.check_range("noise_multiplier", noise_multiplier, lo=0.0)
-  validation.check_range("orders", orders, lo=1.0, allow_inf=True)
+  validation.check("sampling_rate", sampling_rate)
+  validation.check("noise_multiplier", noise_multiplier)
+  validation.check("orders", orders)
   validation.check_broadcast(sampling_rate=sampling_rate, noise_multiplier=noise_multiplier,
                               orders=orders)
   n_max = _static_max_order(orders, max_order)
@@ -346,5 +346,6 @@ def _without_replacement(q, sigma, alpha, n_max):
   out = jnp.where(generic, rdp, inf)
   out = jnp.where(qf == 1, gaussian, out)
   out = jnp.where(qf == 0, 0.0, out)
-  invalid = ~((qf >= 0) & (qf <= 1) & (sf >= 0) & (af >= 1))
-  return jnp.where(invalid, jnp.nan, out).reshape(shape)
+  valid = (validation.in_domain("sampling_rate", qf)
+           & validation.in_domain("noise_multiplier", sf) & validation.in_domain("orders", af))
+  return jnp.where(valid, out, jnp.nan).reshape(shape)

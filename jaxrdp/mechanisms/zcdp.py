@@ -33,6 +33,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from jaxrdp._internal import deprecation
 from jaxrdp._internal import numerics
 from jaxrdp._internal import validation
 
@@ -59,17 +60,23 @@ def pure_dp_to_zcdp(epsilon: jax.typing.ArrayLike) -> jax.Array:
     Bun, Steinke, "Concentrated differential privacy: simplifications, extensions, and lower
     bounds", TCC 2016, arXiv:1605.02065, Prop. 1.4.
   """
-  validation.check_range("epsilon", epsilon, lo=0.0, allow_inf=True)
+  validation.check("epsilon", epsilon)
   eps = validation.as_float_array(epsilon)
-  return jnp.where(eps >= 0, 0.5 * eps * eps, jnp.nan)
+  return jnp.where(validation.in_domain("epsilon", eps), 0.5 * eps * eps, jnp.nan)
 
 
-def rdp_zcdp(rho: jax.typing.ArrayLike, orders: jax.typing.ArrayLike,
+@deprecation.positional_in_old_order("rho", "orders", "xi")
+def rdp_zcdp(rho: jax.typing.ArrayLike, orders: jax.typing.ArrayLike, *,
              xi: jax.typing.ArrayLike = 0.0) -> jax.Array:
   r"""RDP curve ε(α) = ξ + ρα of a (ξ, ρ)-zCDP mechanism.
 
   Broadcasts ``rho``, ``orders`` and ``xi``. At α = 1 the value is ξ + ρ (the limit, which
   bounds the KL divergence); at α = ∞ it is +inf, or ξ when ρ = 0.
+
+  **Changed in 1.0:** ``xi`` is keyword-only, so that the orders are the last positional
+  argument as in every ``rdp_*`` curve: ``rdp_zcdp(rho, orders, xi=ξ)``. For this release the
+  0.1.0 form ``rdp_zcdp(rho, orders, xi)`` still means the same and warns
+  (``DeprecationWarning``).
 
   Args:
     rho: ρ ≥ 0.
@@ -87,17 +94,18 @@ def rdp_zcdp(rho: jax.typing.ArrayLike, orders: jax.typing.ArrayLike,
   References:
     Bun, Steinke (2016), arXiv:1605.02065, Def. 1.1; as dp_accounting's ``ZCDpEvent``.
   """
-  validation.check_range("rho", rho, lo=0.0)
-  validation.check_range("orders", orders, lo=1.0, allow_inf=True)
-  validation.check_range("xi", xi, lo=0.0)
+  validation.check("rho", rho)
+  validation.check("orders", orders)
+  validation.check("xi", xi)
   validation.check_broadcast(rho=rho, orders=orders, xi=xi)
   rho, alpha, xi = _common_dtype(rho, orders, xi)
   finite = jnp.isfinite(alpha)
   out = xi + rho * jnp.where(finite, alpha, 1.0)
   # D_inf = lim D_alpha <= xi when rho = 0.
   out = jnp.where(finite, out, jnp.where(rho == 0, xi, jnp.inf))
-  invalid = ~((rho >= 0) & (xi >= 0) & (alpha >= 1))
-  return jnp.where(invalid, jnp.nan, out)
+  valid = (validation.in_domain("rho", rho) & validation.in_domain("xi", xi)
+           & validation.in_domain("orders", alpha))
+  return jnp.where(valid, out, jnp.nan)
 
 
 def rdp_tcdp(rho: jax.typing.ArrayLike, omega: jax.typing.ArrayLike,
@@ -124,16 +132,17 @@ def rdp_tcdp(rho: jax.typing.ArrayLike, omega: jax.typing.ArrayLike,
     Bun, Dwork, Rothblum, Steinke, "Composable and versatile privacy via truncated CDP",
     STOC 2018, Def. 1.
   """
-  validation.check_range("rho", rho, lo=0.0)
-  validation.check_range("omega", omega, lo=1.0, lo_open=True, allow_inf=True)
-  validation.check_range("orders", orders, lo=1.0, allow_inf=True)
+  validation.check("rho", rho)
+  validation.check("omega", omega)
+  validation.check("orders", orders)
   validation.check_broadcast(rho=rho, omega=omega, orders=orders)
   rho, omega, alpha = _common_dtype(rho, omega, orders)
   out = rho * jnp.where(jnp.isfinite(alpha), alpha, 1.0)
   out = jnp.where(alpha < omega, out, jnp.inf)
   out = jnp.where(rho == 0, 0.0, out)
-  invalid = ~((rho >= 0) & (omega > 1) & (alpha >= 1))
-  return jnp.where(invalid, jnp.nan, out)
+  valid = (validation.in_domain("rho", rho) & validation.in_domain("omega", omega)
+           & validation.in_domain("orders", alpha))
+  return jnp.where(valid, out, jnp.nan)
 
 
 def zcdp_to_epsilon(rho: jax.typing.ArrayLike, delta: jax.typing.ArrayLike, *,
@@ -163,8 +172,8 @@ def zcdp_to_epsilon(rho: jax.typing.ArrayLike, delta: jax.typing.ArrayLike, *,
     arXiv:2004.00010, Cor. 13; Bun, Steinke (2016), arXiv:1605.02065, Prop. 1.3.
   """
   _check_method(method)
-  validation.check_range("rho", rho, lo=0.0)
-  validation.check_range("delta", delta, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+  validation.check("rho", rho)
+  validation.check("delta", delta)
   validation.check_broadcast(rho=rho, delta=delta)
   rho, delta = _common_dtype(rho, delta)
   return _zcdp_to_epsilon(rho, delta, method)
@@ -190,8 +199,8 @@ def zcdp_to_delta(rho: jax.typing.ArrayLike, epsilon: jax.typing.ArrayLike) -> j
   References:
     Canonne, Kamath, Steinke (2020), arXiv:2004.00010, Cor. 13.
   """
-  validation.check_range("rho", rho, lo=0.0)
-  validation.check_range("epsilon", epsilon, lo=0.0, allow_inf=True)
+  validation.check("rho", rho)
+  validation.check("epsilon", epsilon)
   validation.check_broadcast(rho=rho, epsilon=epsilon)
   rho, eps = _common_dtype(rho, epsilon)
   return _zcdp_to_delta(rho, eps)
@@ -251,7 +260,7 @@ def _clamped_logs(beta_lo, beta_hi):
 
 @functools.partial(jax.jit, static_argnames=("method",))
 def _zcdp_to_epsilon(rho, delta, method):
-  valid = (rho >= 0) & (delta > 0) & (delta < 1)
+  valid = validation.in_domain("rho", rho) & validation.in_domain("delta", delta)
   positive = valid & (rho > 0)
   r = jnp.where(positive, rho, 1.0)
   lam = -jnp.log(jnp.where(valid, delta, 0.5))
@@ -304,7 +313,7 @@ def _delta_bracket(rho, eps, dtype):
 
 @jax.jit
 def _zcdp_to_delta(rho, eps):
-  valid = (rho >= 0) & (eps >= 0)
+  valid = validation.in_domain("rho", rho) & validation.in_domain("epsilon", eps)
   positive = valid & (rho > 0) & jnp.isfinite(eps)
   r = jnp.where(positive, rho, 1.0)
   e = jnp.where(positive, eps, 0.0)

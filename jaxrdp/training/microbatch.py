@@ -165,7 +165,7 @@ def clipped_grad_sum(loss_fn: Callable[..., jax.Array], params, batch, l2_norm_c
   if not callable(loss_fn):
     raise TypeError(f"loss_fn must be a callable loss_fn(params, example), got "
                     f"{type(loss_fn).__name__}.")
-  validation.check_range("l2_norm_clip", l2_norm_clip, lo=0.0)
+  validation.check("l2_norm_clip", l2_norm_clip)
   leaves, treedef = jax.tree.flatten(batch)
   size = batch_size_of(leaves, "batch")
   mask = check_mask(mask, size)

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxrdp._internal import deprecation
 from jaxrdp._internal import validation
 from jaxrdp.mechanisms.relative_gaussian import rdp_relative_gaussian
 
@@ -99,11 +100,11 @@ def relative_gaussian_noise(eta: jax.typing.ArrayLike, gamma: jax.typing.ArrayLi
     Gradient Descent", AISTATS 2024, arXiv:2308.15250, Def. 2, Def. 3, Sec. 5 (private
     gradient descent); code github.com/HadrienHx/RGM (``noisers.py``).
   """
-  validation.check_range("eta", eta, lo=0.0, lo_open=True)
-  validation.check_range("gamma", gamma, lo=0.0, lo_open=True)
-  validation.check_range("sigma", sigma, lo=0.0)
+  validation.check("eta", eta)
+  validation.check("gamma", gamma)
+  validation.check("relative_sigma", sigma, name="sigma")
   if r_rel is not None:
-    validation.check_range("r_rel", r_rel, lo=0.0)
+    validation.check("r_rel", r_rel)
     if validation.is_concrete((eta, gamma, sigma, r_rel)):
       need = np.asarray(gamma, np.float64) * np.asarray(r_rel, np.float64)
       have = np.asarray(sigma, np.float64) * np.asarray(eta, np.float64)
@@ -134,9 +135,11 @@ def relative_gaussian_noise(eta: jax.typing.ArrayLike, gamma: jax.typing.ArrayLi
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-def rdp_relative_gaussian_descent(alpha: jax.typing.ArrayLike, eta: jax.typing.ArrayLike,
-                                  gamma: jax.typing.ArrayLike, dim: jax.typing.ArrayLike,
-                                  steps: jax.typing.ArrayLike) -> jax.Array:
+@deprecation.positional_in_old_order("alpha", "eta", "gamma", "dim", "steps",
+                                     renamed={"alpha": "orders"})
+def rdp_relative_gaussian_descent(*, eta: jax.typing.ArrayLike, gamma: jax.typing.ArrayLike,
+                                  dim: jax.typing.ArrayLike, steps: jax.typing.ArrayLike,
+                                  orders: jax.typing.ArrayLike) -> jax.Array:
   r"""RDP of ``steps`` releases of the Relative Gaussian Mechanism: T · ε_RGM(α; η, γ, d).
 
   Adaptive composition (Mironov 2017, Prop. 1) of :func:`jaxrdp.rdp_relative_gaussian`, valid
@@ -144,12 +147,19 @@ def rdp_relative_gaussian_descent(alpha: jax.typing.ArrayLike, eta: jax.typing.A
   Zero steps cost 0 even at orders where one step is infinite. Convert to (ε, δ) with
   ``jaxrdp.compute_epsilon(orders, rdp, delta)``.
 
+  **Changed in 1.0:** the orders come last and are named ``orders`` (0.1.0:
+  ``rdp_relative_gaussian_descent(alpha, eta, gamma, dim, steps)``). For this release the
+  arguments are keyword-only, ``rdp_relative_gaussian_descent(eta=η, gamma=γ, dim=d, steps=T,
+  orders=α)``; a positional call is read in the 0.1.0 order, as before, and warns
+  (``DeprecationWarning``), as does the keyword ``alpha``. The next release takes
+  ``(eta, gamma, dim, steps, orders)`` by position.
+
   Args:
-    alpha: Rényi orders α ≥ 1 (``inf`` allowed).
     eta: η > 0.
     gamma: γ > 0.
     dim: d, the total number of entries of the update pytree (positive integer).
     steps: T ≥ 0, the number of noisy updates released.
+    orders: Rényi orders α ≥ 1 (``inf`` allowed).
 
   Returns:
     T · ε_RGM(α), broadcast over all arguments; +inf for α ≥ (1 + η)²/(2η + η²) when T > 0.
@@ -164,9 +174,9 @@ def rdp_relative_gaussian_descent(alpha: jax.typing.ArrayLike, eta: jax.typing.A
     Hendrikx, Mangold, Bellet (2024), arXiv:2308.15250, Thm. 1; Mironov, "Rényi differential
     privacy", CSF 2017, arXiv:1702.07476, Prop. 1.
   """
-  validation.check_range("steps", steps, lo=0.0)
-  validation.check_broadcast(alpha=alpha, eta=eta, gamma=gamma, dim=dim, steps=steps)
-  rdp = rdp_relative_gaussian(alpha, eta, gamma, dim)
+  validation.check("steps", steps)
+  validation.check_broadcast(eta=eta, gamma=gamma, dim=dim, steps=steps, orders=orders)
+  rdp = rdp_relative_gaussian(eta=eta, gamma=gamma, dim=dim, orders=orders)
   t = validation.as_float_array(steps).astype(rdp.dtype)
   out = jnp.where(t == 0, jnp.zeros_like(rdp), t * rdp)
-  return jnp.where(t >= 0, out, jnp.nan)
+  return jnp.where(validation.in_domain("steps", t), out, jnp.nan)

@@ -72,7 +72,7 @@ def _threshold(q):
     q = jnp.minimum(q, q.astype(jnp.float32).astype(q.dtype))
   # Exact: q * 2^32 only shifts the exponent, floor of a float is exact. q < 1 gives t < 2^32.
   t = jnp.floor(jnp.clip(q, 0, 1) * 2.0 ** 32)
-  valid = (q > 0) & (q <= 1)
+  valid = validation.in_domain("positive_sampling_rate", q)
   everything = valid & (q >= 1)
   t = jnp.where(valid & ~everything, t, 0)
   return t.astype(jnp.uint32), everything
@@ -123,16 +123,16 @@ def poisson_sample(key: jax.Array, dataset_size: int, sampling_rate: jax.typing.
   m = _check_static_int("max_batch_size", max_batch_size, 1)
   if n >= 2 ** 31:
     raise ValueError(f"dataset_size must be below 2**31 (int32 indices), got {n}.")
-  validation.check_range("sampling_rate", sampling_rate, lo=0.0, hi=1.0, lo_open=True)
+  validation.check("positive_sampling_rate", sampling_rate, name="sampling_rate")
   if jnp.ndim(sampling_rate) != 0:
     raise ValueError(f"sampling_rate must be a scalar, got shape {jnp.shape(sampling_rate)}.")
-  validation.check_range("max_overflow_probability", max_overflow_probability, lo=0.0, hi=1.0)
+  validation.check("max_overflow_probability", max_overflow_probability)
   if np.ndim(max_overflow_probability) != 0:
     raise ValueError("max_overflow_probability must be a scalar, got shape "
                      f"{np.shape(max_overflow_probability)}.")
   max_overflow_probability = float(max_overflow_probability)
   if validation.is_concrete(sampling_rate):
-    p = poisson_overflow_probability(n, float(np.asarray(sampling_rate)), m)
+    p = _overflow_probability(n, float(np.asarray(sampling_rate)), m)
     if p > max_overflow_probability:
       suggestion = poisson_max_batch_size(n, float(np.asarray(sampling_rate)),
                                           max_overflow_probability)
@@ -192,8 +192,8 @@ def _logsumexp(x):
   return top + math.log(np.sum(np.exp(x - top)))
 
 
-def _scalar_rate(sampling_rate, **limits) -> float:
-  validation.check_range("sampling_rate", sampling_rate, lo=0.0, hi=1.0, **limits)
+def _scalar_rate(sampling_rate, domain="sampling_rate") -> float:
+  validation.check(domain, sampling_rate, name="sampling_rate")
   if np.ndim(sampling_rate) != 0:
     raise ValueError(f"sampling_rate must be a scalar, got shape {np.shape(sampling_rate)}.")
   return float(sampling_rate)
@@ -290,8 +290,8 @@ def poisson_max_batch_size(dataset_size: int, sampling_rate: float,
     TypeError: an argument that is not real-valued.
   """
   n = _check_static_int("dataset_size", dataset_size, 1)
-  q = _scalar_rate(sampling_rate, lo_open=True)
-  validation.check_range("overflow_probability", overflow_probability, lo=0.0, hi=1.0, hi_open=True)
+  q = _scalar_rate(sampling_rate, "positive_sampling_rate")
+  validation.check("overflow_probability", overflow_probability)
   p = lambda m: poisson_overflow_probability(n, q, m)
   mean, sd = n * q, math.sqrt(n * q * (1 - q))
   hi = min(n, math.ceil(mean + 8 * sd + 16))
@@ -331,8 +331,8 @@ def poisson_truncation_delta(dataset_size: int, sampling_rate: float, max_batch_
     TypeError: an argument that is not real-valued.
   """
   n = _check_static_int("dataset_size", dataset_size, 0)
-  validation.check_range("steps", steps, lo=0.0)
-  validation.check_range("epsilon", epsilon, lo=0.0, allow_inf=True)
+  validation.check("steps", steps)
+  validation.check("epsilon", epsilon)
   p = poisson_overflow_probability(n + 1, sampling_rate, max_batch_size)
   if p == 0.0 or steps == 0:
     return 0.0

@@ -18,15 +18,18 @@ Each step is one Poisson-sampled Gaussian mechanism with sampling rate q and noi
 per-step RDP from :func:`jaxrdp.compute_rdp`, exact, Mironov, Talwar, Zhang 2019), and
 :func:`privacy_spent` converts it to (ε, δ) (:func:`jaxrdp.compute_epsilon`).
 
-Accountant design (nearly free per step, no float32 drift):
+Accountant design (nearly free per step, no float32 drift): the state's ``accountant`` is a
+:class:`jaxrdp.training.accountant.RdpAccountantState`, advanced by the pure
+:func:`jaxrdp.training.accountant.step` with the mechanism θ = (q, σ).
 
-* The state keeps the current *segment*: the (q, σ) of the last step, its per-step RDP
+* It keeps the current *segment*: the (q, σ) of the last step, its per-step RDP
   vector, and the number of steps taken with it. A step with the same (q, σ) only
   increments the counter; the accumulated RDP is ``closed + steps · step_rdp``, one rounding
   instead of one per step. When (q, σ) changes (a schedule), the segment is closed into
   ``closed`` by Kahan (compensated) summation (Kahan 1965; error O(ε_mach), independent of
   the number of segments) and the RDP kernel runs once for the new value, inside
-  ``lax.cond``. Constant q and σ given as numbers are computed once, outside the step graph.
+  ``lax.cond``. Constant q and σ given as numbers are computed once per transform, outside
+  the step graph (no cache outlives the transform).
 * The accountant's dtype is float32, or float64 when x64 is enabled (the canonical float);
   ``accountant_dtype`` overrides it. The conversion to ε rounds RDP up by the kernel's
   error bound, which also covers the accumulation's few ulps.
@@ -35,58 +38,159 @@ Accountant design (nearly free per step, no float32 drift):
   (ε = +inf if none is left): never a smaller ε.
 
 The PRNG key is stored as raw key data (uint32) so that the state is a pytree of plain
-arrays (checkpointable with NumPy); it is split every step and never reused.
+arrays (checkpointable with NumPy); it is split every step and never reused. The state's
+leaves come in the order of jaxrdp 0.1.0's flat state, so checkpoints of 0.1.0 saved as leaves
+still restore (see :func:`state_from_0_1_0` for the other forms).
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
 from typing import Any, Callable, NamedTuple, Union
 
 import numpy as np
 import jax
 import jax.numpy as jnp
-from jax import lax
 import optax
 
 from jaxrdp._internal import validation
-from jaxrdp.accounting.composition import compute_rdp
+from jaxrdp.accounting.composition import rdp_curve
 from jaxrdp.accounting.conversion import compute_epsilon
+from jaxrdp.training import accountant as rdp_accountant
 from jaxrdp.training.microbatch import ClippedGradSum, batch_size_of, clip_and_sum
 from jaxrdp.accounting.orders import DEFAULT_ORDERS
 
 ScalarOrSchedule = Union[float, jax.typing.ArrayLike, Callable[[jax.Array], jax.typing.ArrayLike]]
 
-# Steps per segment before it is closed even without a change: keeps ``steps`` exact when
-# converted to float32 (2**24) and far from int32 overflow.
-_MAX_SEGMENT_STEPS = 2 ** 24
-
-# Per-step RDP of constant (q, σ) at given orders and dtype: computed once per process.
-_STEP_RDP_CACHE: dict = {}
-
 
 class DifferentiallyPrivateAggregateState(NamedTuple):
   """State of :func:`differentially_private_aggregate`: noise key and RDP accountant.
 
+  Flattened, its leaves are those of jaxrdp 0.1.0's flat state, in the same order (key, count,
+  orders, rdp, rdp_compensation, sampling_rate, noise_multiplier, step_rdp, segment_steps): a
+  0.1.0 checkpoint saved as leaves restores with
+  ``jax.tree.unflatten(jax.tree.structure(opt.init(params)), leaves)``.
+
   Attributes:
     key: raw PRNG key data (uint32), split at every step.
     count: int32, steps taken; schedules are evaluated at it.
-    orders: the accountant's Rényi orders, shape (K,).
-    rdp: RDP of the closed segments at each order, Kahan-summed, shape (K,).
-    rdp_compensation: Kahan compensation of ``rdp`` (the true sum is ``rdp - rdp_compensation``).
-    sampling_rate: q of the current segment (NaN before the first step).
-    noise_multiplier: σ of the current segment (NaN before the first step).
-    step_rdp: RDP of one step of the current segment, shape (K,).
-    segment_steps: int32, steps taken in the current segment.
+    accountant: the RDP accountant, a :class:`jaxrdp.training.accountant.RdpAccountantState`
+      (orders, rdp, rdp_compensation, mechanism = (sampling_rate, noise_multiplier) of the
+      current segment, step_rdp, segment_steps); read it with :func:`rdp_spent`.
   """
   key: jax.Array
   count: jax.Array
-  orders: jax.Array
-  rdp: jax.Array
-  rdp_compensation: jax.Array
-  sampling_rate: jax.Array
-  noise_multiplier: jax.Array
-  step_rdp: jax.Array
-  segment_steps: jax.Array
+  accountant: rdp_accountant.RdpAccountantState
+
+
+# jaxrdp 0.1.0's flat state: its fields in leaf order, their number of dimensions, and whether
+# they are integers (raw key data, step counts). The nested state has the same leaves.
+_FIELDS_0_1_0 = ("key", "count", "orders", "rdp", "rdp_compensation", "sampling_rate",
+                 "noise_multiplier", "step_rdp", "segment_steps")
+_NDIM_0_1_0 = (1, 0, 1, 1, 1, 0, 0, 1, 0)
+_INTEGER_0_1_0 = (True, True, False, False, False, False, False, False, True)
+_HOW_TO_CONVERT = (
+    "jaxrdp 0.1.0's flat DifferentiallyPrivateAggregateState is now (key, count, accountant). "
+    "Convert it with jaxrdp.training.transform.state_from_0_1_0(old), or restore a checkpoint's "
+    "flattened leaves (same order as in 0.1.0) with "
+    "jax.tree.unflatten(jax.tree.structure(opt.init(params)), leaves).")
+
+
+def _fields_0_1_0(x) -> tuple | None:
+  """The 9 leaves of ``x`` in 0.1.0's order if ``x`` has the form of a 0.1.0 state (a mapping
+  with its field names, an object with its fields, or a tuple/list of its 9 arrays); else None."""
+  if isinstance(x, DifferentiallyPrivateAggregateState):
+    return None
+  if isinstance(x, Mapping):
+    return tuple(x[f] for f in _FIELDS_0_1_0) if set(x) == set(_FIELDS_0_1_0) else None
+  if tuple(getattr(type(x), "_fields", ())) == _FIELDS_0_1_0:
+    return tuple(x)
+  if type(x) in (tuple, list) and len(x) == len(_FIELDS_0_1_0) and all(
+      hasattr(v, "shape") and len(v.shape) == n for v, n in zip(x, _NDIM_0_1_0)):
+    return tuple(x)
+  return None
+
+
+def _describe(x) -> str:
+  if isinstance(x, Mapping):
+    return f"a {type(x).__name__} with keys {list(x)}"
+  if type(x) in (tuple, list):
+    return f"a {type(x).__name__} of {len(x)} elements"
+  return type(x).__name__
+
+
+def state_from_0_1_0(old: Any) -> DifferentiallyPrivateAggregateState:
+  """The :class:`DifferentiallyPrivateAggregateState` of a state saved by jaxrdp 0.1.0.
+
+  0.1.0's state was flat: ``(key, count, orders, rdp, rdp_compensation, sampling_rate,
+  noise_multiplier, step_rdp, segment_steps)``; it is now ``(key, count, accountant)`` with the
+  same leaves in the same order, so a checkpoint of flattened leaves needs no conversion:
+  ``jax.tree.unflatten(jax.tree.structure(opt.init(params)), leaves)``. This converts the
+  other forms: a state dict keyed by the field names (as serialization libraries write
+  NamedTuples), the 9 arrays as a tuple or list, or an object with those fields. The values
+  are kept exactly (the counts as int32); the transform continues the accounting from them.
+
+  Args:
+    old: a 0.1.0 state in one of the forms above.
+
+  Returns:
+    The equivalent :class:`DifferentiallyPrivateAggregateState`.
+
+  Raises:
+    TypeError: ``old`` is none of these forms, or a field has the wrong kind of dtype.
+    ValueError: a field has the wrong number of dimensions, the RDP fields differ in shape
+      from ``orders``, or a float64 field cannot be restored without x64 (rounding the
+      accumulated RDP to float32 could lower it).
+  """
+  leaves = _fields_0_1_0(old)
+  if leaves is None:
+    raise TypeError("old must be a jaxrdp 0.1.0 DifferentiallyPrivateAggregateState: a mapping "
+                    f"with the keys {list(_FIELDS_0_1_0)}, an object with these fields, or a "
+                    f"tuple or list of these 9 arrays in this order; got {_describe(old)}.")
+  arrays = []
+  for name, x, ndim, integer in zip(_FIELDS_0_1_0, leaves, _NDIM_0_1_0, _INTEGER_0_1_0):
+    x = np.asarray(x)
+    if x.ndim != ndim:
+      raise ValueError(f"old.{name} must have {ndim} dimension(s), got shape {x.shape}.")
+    if integer != bool(np.issubdtype(x.dtype, np.integer)):
+      raise TypeError(f"old.{name} must have an {'integer' if integer else 'floating'} dtype, "
+                      f"got {x.dtype}.")
+    if not integer and jax.dtypes.canonicalize_dtype(x.dtype) != x.dtype:
+      raise ValueError(f"old.{name} is {x.dtype}, which needs jax_enable_x64 (converting it "
+                       "could round the accumulated RDP down).")
+    arrays.append(x if name == "key" else x.astype(np.int32) if integer else x)
+  key, count, orders, rdp, compensation, q, sigma, step_rdp, steps = arrays
+  for name, x in (("rdp", rdp), ("rdp_compensation", compensation), ("step_rdp", step_rdp)):
+    if x.shape != orders.shape:
+      raise ValueError(f"old.{name} must have the shape of old.orders, {orders.shape}; got "
+                       f"{x.shape}.")
+  return DifferentiallyPrivateAggregateState(
+      key=jnp.asarray(key), count=jnp.asarray(count),
+      accountant=rdp_accountant.RdpAccountantState(
+          orders=jnp.asarray(orders), rdp=jnp.asarray(rdp),
+          rdp_compensation=jnp.asarray(compensation),
+          mechanism=(jnp.asarray(q), jnp.asarray(sigma)), step_rdp=jnp.asarray(step_rdp),
+          segment_steps=jnp.asarray(steps)))
+
+
+def _check_state(state, dtype=None) -> None:
+  """TypeError unless ``state`` is a DifferentiallyPrivateAggregateState (naming 0.1.0's
+  forms); ValueError if its accountant's dtype is not ``dtype`` (when given)."""
+  if not isinstance(state, DifferentiallyPrivateAggregateState):
+    if _fields_0_1_0(state) is not None:
+      raise TypeError(f"got a jaxrdp 0.1.0 state ({_describe(state)}) where a "
+                      f"DifferentiallyPrivateAggregateState was expected. {_HOW_TO_CONVERT}")
+    raise TypeError("state must be the DifferentiallyPrivateAggregateState made by this "
+                    f"transform's init, got {_describe(state)}.")
+  if not isinstance(state.accountant, rdp_accountant.RdpAccountantState):
+    raise TypeError("state.accountant must be a jaxrdp.training.accountant.RdpAccountantState, "
+                    f"got {_describe(state.accountant)}.")
+  if dtype is not None and state.accountant.rdp.dtype != dtype:
+    raise ValueError(f"state's accountant is {state.accountant.rdp.dtype}, this transform's "
+                     f"accountant_dtype is {dtype}: build the transform with "
+                     f"accountant_dtype={state.accountant.rdp.dtype} to continue it (a cast "
+                     "could round the accumulated RDP down).")
 
 
 def _value(x, count):
@@ -98,36 +202,23 @@ def _is_fixed(x) -> bool:
   return not callable(x) and validation.is_concrete(x)
 
 
-# Allowed ranges; concrete values are checked eagerly, schedules at every eager evaluation.
-_LIMITS = {
-    "l2_norm_clip": dict(lo=0.0),
-    "noise_multiplier": dict(lo=0.0),
-    "sampling_rate": dict(lo=0.0, hi=1.0, lo_open=True),
-    "expected_batch_size": dict(lo=0.0, lo_open=True),
-}
+# Each hyperparameter's entry of jaxrdp._internal.domains.DOMAINS; concrete values are checked
+# eagerly, schedules at every eager evaluation.
+_DOMAIN_OF = {"l2_norm_clip": "l2_norm_clip", "noise_multiplier": "noise_multiplier",
+              "sampling_rate": "positive_sampling_rate",
+              "expected_batch_size": "expected_batch_size"}
 
 
-def _checked(name, x, **limits):
+def _checked(name, x, domain):
   """Range check of a concrete scalar (schedules are checked where they are evaluated)."""
   if x is None:
     raise TypeError(f"{name} is required (got None).")
   if not callable(x):
-    validation.check_range(name, x, **limits)
+    validation.check(domain, x, name=name)
     if jnp.ndim(x) != 0:
       raise ValueError(f"{name} must be a scalar or a schedule (callable of the step count); "
                        f"got shape {jnp.shape(x)}.")
   return x
-
-
-def _kahan_add(total, compensation, x):
-  """total + x with Kahan's compensation (the exact sum is ``total - compensation``).
-
-  Infinite or NaN values are carried by ``total``; the compensation then stays 0 so that
-  it never turns an infinite total into NaN."""
-  y = x - compensation
-  t = total + y
-  c = (t - total) - y
-  return t, jnp.where(jnp.isfinite(t) & jnp.isfinite(c), c, 0)
 
 
 def _accountant_dtype(accountant_dtype):
@@ -203,93 +294,68 @@ def differentially_private_aggregate(
   hyper = {"l2_norm_clip": l2_norm_clip, "noise_multiplier": noise_multiplier,
            "sampling_rate": sampling_rate, "expected_batch_size": expected_batch_size}
   for name, x in hyper.items():
-    _checked(name, x, **_LIMITS[name])
+    _checked(name, x, _DOMAIN_OF[name])
   dtype = _accountant_dtype(accountant_dtype)
   orders = DEFAULT_ORDERS if orders is None else orders
-  validation.check_range("orders", orders, lo=1.0, allow_inf=True)
+  validation.check("orders", orders)
   if not validation.is_concrete(orders):
     raise TypeError("orders must be concrete (a NumPy array or list), not a traced value.")
   orders = np.asarray(orders, dtype=dtype)
   if orders.ndim != 1:
     raise ValueError(f"orders must be 1-D, got shape {orders.shape}.")
   fixed = _is_fixed(sampling_rate) and _is_fixed(noise_multiplier)
-  cache = {}
 
   def rdp_now(q, sigma):
-    """Per-step RDP of concrete (q, σ), computed now (eagerly), as a NumPy array (cached, so
-    that transforms built inside traced functions do not recompute or recompile it)."""
+    """Per-step RDP of concrete (q, σ), computed now (eagerly), as a read-only NumPy array."""
     if dtype == jnp.result_type(float):
       # Python floats take the canonical dtype (and share the kernel's compilation with
-      # compute_rdp calls on Python numbers).
-      q, sigma = float(np.asarray(q)), float(np.asarray(sigma))
-    else:
-      q, sigma = np.asarray(q, dtype), np.asarray(sigma, dtype)
-    cache_key = (float(q), float(sigma), orders.tobytes(), np.dtype(dtype).str)
-    if cache_key not in _STEP_RDP_CACHE:
-      if _under_trace():
-        with jax.ensure_compile_time_eval():
-          value = np.asarray(compute_rdp(q, sigma, 1, orders), dtype)
-      else:
-        value = np.asarray(compute_rdp(q, sigma, 1, orders), dtype)
-      if len(_STEP_RDP_CACHE) >= 1024:
-        _STEP_RDP_CACHE.clear()
-      value.setflags(write=False)
-      _STEP_RDP_CACHE[cache_key] = value
-    return _STEP_RDP_CACHE[cache_key]
+      # compute_rdp calls on Python numbers). q and σ were checked where they were read.
+      return rdp_at(float(np.asarray(q)), float(np.asarray(sigma)))
+    return rdp_at(float(np.asarray(q, dtype)), float(np.asarray(sigma, dtype)))
 
+  # Per transform (no cache outlives it): an eager schedule that returns to earlier values
+  # does not recompute them.
+  @functools.lru_cache(maxsize=256)
+  def rdp_at(q: float, sigma: float) -> np.ndarray:
+    if dtype != jnp.result_type(float):
+      q, sigma = np.asarray(q, dtype), np.asarray(sigma, dtype)  # exact: q came from dtype
+    if _under_trace():  # a transform built or first used inside a traced function
+      with jax.ensure_compile_time_eval():
+        value = np.asarray(rdp_curve(q, sigma, 1, orders), dtype)
+    else:
+      value = np.asarray(rdp_curve(q, sigma, 1, orders), dtype)
+    value.setflags(write=False)
+    return value
+
+  @functools.lru_cache(maxsize=None)
   def fixed_step_rdp():
     """Per-step RDP of constant (q, σ), computed once, outside any step graph."""
-    if "rdp" not in cache:
-      cache["rdp"] = rdp_now(sampling_rate, noise_multiplier)
-    return cache["rdp"]
+    return rdp_now(sampling_rate, noise_multiplier)
+
+  def segment_rdp(q, sigma):
+    """Per-step RDP of a new segment: now for concrete (q, σ), else in the caller's graph."""
+    if validation.is_concrete((q, sigma)):
+      return rdp_now(q, sigma)
+    return rdp_curve(q, sigma, 1, orders).astype(dtype)
 
   def init_fn(params):
     del params
     count = jnp.zeros((), jnp.int32)
     for name, x in hyper.items():
       if callable(x):  # schedules: check the first value when it is concrete
-        _checked(f"{name}(0)", x(count), **_LIMITS[name])
-    nan = jnp.full((), jnp.nan, dtype)
-    zeros = jnp.zeros(orders.shape, dtype)
+        _checked(f"{name}(0)", x(count), _DOMAIN_OF[name])
     if fixed:
       fixed_step_rdp()  # compute now, eagerly, rather than in the first traced update
     return DifferentiallyPrivateAggregateState(
-        key=jnp.asarray(raw_key), count=count, orders=jnp.asarray(orders), rdp=zeros,
-        rdp_compensation=zeros, sampling_rate=nan, noise_multiplier=nan, step_rdp=zeros,
-        segment_steps=jnp.zeros((), jnp.int32))
-
-  def account(state, q, sigma):
-    """The accountant after one more step at (q, σ)."""
-    q = jnp.asarray(q, dtype)
-    sigma = jnp.asarray(sigma, dtype)
-    changed = (q != state.sampling_rate) | (sigma != state.noise_multiplier)
-    if fixed:
-      step_rdp = jnp.where(changed, jnp.asarray(fixed_step_rdp()), state.step_rdp)
-    elif validation.is_concrete((changed,)):  # eager use: no cond to compile
-      step_rdp = jnp.asarray(rdp_now(q, sigma)) if bool(changed) else state.step_rdp
-    else:
-      step_rdp = lax.cond(changed, lambda: compute_rdp(q, sigma, 1, orders).astype(dtype),
-                          lambda: state.step_rdp)
-    # A state whose orders differ from this transform's (e.g. a foreign checkpoint) cannot be
-    # continued: its RDP becomes NaN (order skipped), never a wrong number.
-    step_rdp = jnp.where(state.orders == orders, step_rdp, jnp.nan)
-    close = changed | (state.segment_steps >= _MAX_SEGMENT_STEPS)
-    steps = state.segment_steps.astype(dtype)
-    segment = jnp.where(close & (state.segment_steps > 0), steps * state.step_rdp, 0)
-    rdp, compensation = _kahan_add(state.rdp, state.rdp_compensation, segment)
-    return state._replace(
-        count=optax.safe_int32_increment(state.count), rdp=rdp, rdp_compensation=compensation,
-        sampling_rate=q, noise_multiplier=sigma, step_rdp=step_rdp,
-        segment_steps=jnp.where(close, 1, state.segment_steps + 1).astype(jnp.int32))
+        key=jnp.asarray(raw_key), count=count,
+        accountant=rdp_accountant.init(orders, num_parameters=2, dtype=dtype))
 
   def update_fn(updates, state, params=None, mask=None, **extra_args):
     del extra_args
-    if not isinstance(state, DifferentiallyPrivateAggregateState):
-      raise TypeError("state must be the DifferentiallyPrivateAggregateState made by this "
-                      f"transform's init, got {type(state).__name__}.")
+    _check_state(state, dtype)
     now = {name: _value(x, state.count) for name, x in hyper.items()}
     for name, x in now.items():
-      _checked(name, x, **_LIMITS[name])
+      _checked(name, x, _DOMAIN_OF[name])
     clip, sigma = now["l2_norm_clip"], now["noise_multiplier"]
     q, divisor = now["sampling_rate"], now["expected_batch_size"]
     if isinstance(updates, ClippedGradSum):
@@ -297,7 +363,7 @@ def differentially_private_aggregate(
         raise ValueError("mask must be None when updates is a ClippedGradSum (the mask was "
                          "applied by clipped_grad_sum).")
       sums = updates.grad_sum
-      validation.check_range("ClippedGradSum.l2_norm_clip", updates.l2_norm_clip, lo=0.0)
+      validation.check("l2_norm_clip", updates.l2_norm_clip, name="ClippedGradSum.l2_norm_clip")
       if validation.is_concrete((updates.l2_norm_clip, clip)) and not (
           float(updates.l2_norm_clip) <= float(clip)):
         raise ValueError(f"the ClippedGradSum was clipped at {float(updates.l2_norm_clip)}, above "
@@ -330,9 +396,17 @@ def differentially_private_aggregate(
       y = (x + std * jax.random.normal(k, x.shape, x.dtype)) / jnp.asarray(divisor, x.dtype)
       noised.append(y)
     # Under jit the eager checks do not run: invalid values give NaN updates.
-    ok = (jnp.asarray(clip) >= 0) & (jnp.asarray(sigma) >= 0) & (jnp.asarray(divisor) > 0) & clip_ok
+    ok = (validation.in_domain("l2_norm_clip", jnp.asarray(clip))
+          & validation.in_domain("noise_multiplier", jnp.asarray(sigma))
+          & validation.in_domain("expected_batch_size", jnp.asarray(divisor)) & clip_ok)
     noised = [jnp.where(ok, y, jnp.nan).astype(out) for y, out in zip(noised, out_dtypes)]
-    new_state = account(state, q, sigma)._replace(key=jax.random.key_data(next_key))
+    # One Poisson-sampled Gaussian step at θ = (q, σ). A state whose orders differ from this
+    # transform's (a foreign checkpoint) gets NaN RDP there (order skipped), never a wrong number.
+    accountant = rdp_accountant.step(state.accountant, (q, sigma),
+                                     fixed_step_rdp() if fixed else segment_rdp, orders=orders)
+    new_state = DifferentiallyPrivateAggregateState(
+        key=jax.random.key_data(next_key), count=optax.safe_int32_increment(state.count),
+        accountant=accountant)
     return jax.tree.unflatten(treedef, noised), new_state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
@@ -386,9 +460,9 @@ def dpsgd(learning_rate: optax.ScalarOrSchedule, l2_norm_clip: ScalarOrSchedule,
   """
   # optax accepts anything here; a NaN would only show up as NaN parameters after a step.
   if learning_rate is None or not callable(learning_rate):
-    validation.check_range("learning_rate", learning_rate)
+    validation.check("learning_rate", learning_rate)
   if momentum is not None:
-    validation.check_range("momentum", momentum)
+    validation.check("momentum", momentum)
   return optax.chain(
       differentially_private_aggregate(
           l2_norm_clip, noise_multiplier, key, sampling_rate=sampling_rate,
@@ -400,8 +474,11 @@ def dpsgd(learning_rate: optax.ScalarOrSchedule, l2_norm_clip: ScalarOrSchedule,
 
 
 def _find_accountant(opt_state) -> DifferentiallyPrivateAggregateState:
-  is_state = lambda x: isinstance(x, DifferentiallyPrivateAggregateState)
+  is_state = lambda x: (isinstance(x, DifferentiallyPrivateAggregateState)
+                        or _fields_0_1_0(x) is not None)
   found = [x for x in jax.tree.leaves(opt_state, is_leaf=is_state) if is_state(x)]
+  for x in found:
+    _check_state(x)
   if not found:
     raise ValueError("opt_state contains no DifferentiallyPrivateAggregateState: was the "
                      "optimizer built with jaxrdp.differentially_private_aggregate or jaxrdp.dpsgd?")
@@ -422,10 +499,13 @@ def rdp_spent(opt_state) -> tuple[jax.Array, jax.Array]:
 
   Returns:
     ``(orders, rdp)``, both of shape (K,), in the accountant's dtype.
+
+  Raises:
+    ValueError: ``opt_state`` holds no such state, or more than one.
+    TypeError: it holds a state in jaxrdp 0.1.0's flat form (the message says how to convert
+      it, see :func:`state_from_0_1_0`).
   """
-  s = _find_accountant(opt_state)
-  current = jnp.where(s.segment_steps > 0, s.segment_steps.astype(s.step_rdp.dtype) * s.step_rdp, 0)
-  return s.orders, (s.rdp - s.rdp_compensation) + current
+  return rdp_accountant.accumulated_rdp(_find_accountant(opt_state).accountant)
 
 
 def privacy_spent(opt_state, delta: jax.typing.ArrayLike, *,
@@ -450,14 +530,15 @@ def privacy_spent(opt_state, delta: jax.typing.ArrayLike, *,
   Raises:
     ValueError: an argument outside its range (the message names it, the range and the
       value).
-    TypeError: an argument that is not real-valued.
+    TypeError: an argument that is not real-valued, or ``opt_state`` holding a state in
+      jaxrdp 0.1.0's flat form (the message says how to convert it).
 
   References:
     Balle et al., AISTATS 2020, Thm. 21; Mironov 2017, Prop. 1 and 3.
   """
   state_orders, rdp = rdp_spent(opt_state)
   if orders is not None:
-    validation.check_range("orders", orders, lo=1.0, allow_inf=True)
+    validation.check("orders", orders)
     wanted = jnp.atleast_1d(jnp.asarray(orders, state_orders.dtype))
     if wanted.ndim != 1:
       raise ValueError(f"orders must be a scalar or 1-D, got shape {wanted.shape}.")
