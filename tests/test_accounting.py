@@ -144,7 +144,7 @@ def test_the_grid_search_equals_the_branch_and_bound_search(schedule):
   # with the per-order quadrature; jax.jit with a concrete grid runs the grid search as one
   # loop, with the per-order fallback inside. The same ε and order (to the kernels' rounding).
   q, s, t, d = SCHEDULES[schedule]
-  q, s, t = accounting._phases(q, s, t)
+  q, s, t = accounting.schedule_phases(q, s, t)
   d = np.asarray(d)
   grid = np.asarray(jaxrdp.DEFAULT_ORDERS)
   eps_bb, best_bb = (float(v) for v in accounting._search_epsilon(q, s, t, d, jnp.asarray(grid), True))
@@ -158,7 +158,7 @@ def test_the_grid_search_equals_the_branch_and_bound_search(schedule):
 
 
 def test_an_open_value_is_filled_by_the_per_order_quadrature(monkeypatch):
-  q, s, t = accounting._phases(Q, SIGMA, T)
+  q, s, t = accounting.schedule_phases(Q, SIGMA, T)
   grid = np.asarray(jaxrdp.DEFAULT_ORDERS)
   expected = [float(v) for v in accounting._concrete_epsilon(q, s, t, np.asarray(DELTA), grid, True)]
   calls = []
@@ -179,7 +179,7 @@ def test_the_gradient_at_a_concrete_order_equals_the_per_order_gradient(alpha):
   # Eager envelope gradients come from the exact sum (integer order) or the shared nodes'
   # own derivatives (fractional), in forward mode; the per-order quadrature's reverse-mode
   # gradient is the reference.
-  q, s, t = accounting._phases(np.array([0.01, 0.2]), np.array([1.1, 3.0]), np.array([1e4, 30.0]))
+  q, s, t = accounting.schedule_phases(np.array([0.01, 0.2]), np.array([1.1, 3.0]), np.array([1e4, 30.0]))
   d = np.asarray(1e-5)
   new = accounting._concrete_gradient(np.asarray(alpha), q, s, t, d)
   old = accounting._epsilon_gradient(jnp.asarray(alpha), q, s, t, d)
@@ -188,9 +188,9 @@ def test_the_gradient_at_a_concrete_order_equals_the_per_order_gradient(alpha):
 
 
 def test_calibration_on_the_grid_equals_the_branch_and_bound_calibration():
-  q, _, t = accounting._phases(Q, 1.0, T)
+  q, _, t = accounting.schedule_phases(Q, 1.0, T)
   grid = jnp.asarray(jaxrdp.DEFAULT_ORDERS)
-  old = float(accounting._calibrate_sigma(jnp.asarray(2.0), jnp.asarray(DELTA), q, t, grid))
+  old = float(accounting.calibrate_sigma_unchecked(jnp.asarray(2.0), jnp.asarray(DELTA), q, t, grid))
   new = float(jaxrdp.calibrate_noise_multiplier(2.0, DELTA, Q, T))
   assert new == pytest.approx(old, rel=1e-8)
   assert _grid_eps(Q, new, T, DELTA) <= 2.0

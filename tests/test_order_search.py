@@ -13,15 +13,15 @@ import pytest
 
 import jaxrdp
 from jaxrdp.accounting.order_search import grid_epsilon
-from jaxrdp.accounting.dpsgd import _schedule_rdp
+from jaxrdp.accounting.dpsgd import schedule_rdp
 
 
 @pytest.mark.parametrize("dtype, rel", [(jnp.float64, 4e-15), (jnp.float32, 1e-6)])
 def test_search_equals_the_full_grid_minimum_with_fewer_evaluations(dtype, rel):
   grid = jnp.asarray(jaxrdp.DEFAULT_ORDERS, dtype)
-  search = jax.jit(lambda q, s, t, d: grid_epsilon(lambda a: _schedule_rdp(q, s, t, a), grid, d,
+  search = jax.jit(lambda q, s, t, d: grid_epsilon(lambda a: schedule_rdp(q, s, t, a), grid, d,
                                                    return_evaluations=True))
-  full = jax.jit(lambda q, s, t, d: jaxrdp.compute_epsilon(grid, _schedule_rdp(q, s, t, grid), d))
+  full = jax.jit(lambda q, s, t, d: jaxrdp.compute_epsilon(grid, schedule_rdp(q, s, t, grid), d))
   rng = np.random.default_rng(7)
   counts = []
   for _ in range(25):
@@ -40,8 +40,8 @@ def test_search_equals_the_full_grid_minimum_with_fewer_evaluations(dtype, rel):
 def test_an_infinite_order_is_handled_like_the_full_grid():
   grid = jnp.concatenate([jnp.asarray(jaxrdp.DEFAULT_ORDERS), jnp.array([jnp.inf])])
   q, s, t, d = jnp.array([0.5]), jnp.array([0.2]), jnp.array([3.0]), jnp.asarray(1e-5)
-  eps, order = grid_epsilon(lambda a: _schedule_rdp(q, s, t, a), grid, d)
-  eps_full, order_full = jaxrdp.compute_epsilon(grid, _schedule_rdp(q, s, t, grid), d)
+  eps, order = grid_epsilon(lambda a: schedule_rdp(q, s, t, a), grid, d)
+  eps_full, order_full = jaxrdp.compute_epsilon(grid, schedule_rdp(q, s, t, grid), d)
   assert float(eps) == pytest.approx(float(eps_full), rel=4e-15)
   assert float(order) == float(order_full)
 

@@ -10,7 +10,7 @@ import pytest
 
 import jaxrdp
 from jaxrdp.accounting import schedules
-from jaxrdp.accounting.dpsgd import _orders
+from jaxrdp.accounting.dpsgd import order_grid
 
 Q = jnp.array([0.02, 0.02])
 T = jnp.array([200.0, 200.0])
@@ -50,7 +50,7 @@ def test_late_weighted_proxy_gives_decaying_noise_and_beats_constant(optimised):
 
 
 def test_matches_an_independent_scan_over_the_shape(optimised, budget):
-  grid = _orders(None, jnp.float64)
+  grid = order_grid(None, jnp.float64)
   best = np.inf
   for log_ratio in np.linspace(-1.0, 0.2, 25):   # σ₂/σ₁ = e^log_ratio
     theta = jnp.array([0.0, log_ratio])

@@ -45,12 +45,12 @@ from jaxrdp.accounting.order_search import grid_epsilon
 from jaxrdp.accounting.conversion import compute_epsilon, epsilon_at_orders
 from jaxrdp.accounting.orders import DEFAULT_ORDERS
 
-_REFINE_STEPS = 6         # refinement steps of 8 orders each (the bracket shrinks 4.5x per step)
+REFINE_STEPS = 6         # refinement steps of 8 orders each (the bracket shrinks 4.5x per step)
 _SIGMA_MIN, _SIGMA_MAX = 1e-4, 1e8   # noise multipliers searched
 _Q_MIN = 1e-12                       # smallest sampling rate searched
 
 
-def _phases(sampling_rate, noise_multiplier, steps):
+def schedule_phases(sampling_rate, noise_multiplier, steps):
   q = validation.as_float_array(sampling_rate)
   sigma = validation.as_float_array(noise_multiplier)
   t = validation.as_float_array(steps)
@@ -69,7 +69,7 @@ def _phases(sampling_rate, noise_multiplier, steps):
   return tuple(jnp.broadcast_to(v.astype(dtype), shape) for v in (q, sigma, t))
 
 
-def _orders(orders, dtype):
+def order_grid(orders, dtype):
   """The order grid (checked if given) as a 1-D array of ``dtype``."""
   if orders is None:
     orders = DEFAULT_ORDERS
@@ -84,7 +84,7 @@ def _orders(orders, dtype):
   return grid.reshape(-1)
 
 
-def _schedule_rdp(q, sigma, t, orders):
+def schedule_rdp(q, sigma, t, orders):
   """Σ_i T_i RDP_i at each order (orders of any shape)."""
   rdp = composition.rdp_of_steps(q, sigma, t, orders.reshape(-1))
   return jnp.sum(rdp, axis=0).reshape(orders.shape)
@@ -92,7 +92,7 @@ def _schedule_rdp(q, sigma, t, orders):
 
 def _epsilon_at(q, sigma, t, delta, alpha):
   """Improved conversion at each order of the 1-D array α (Balle et al. 2020, Thm. 21)."""
-  r = _schedule_rdp(q, sigma, t, alpha)
+  r = schedule_rdp(q, sigma, t, alpha)
   return epsilon_at_orders(alpha, r, delta)
 
 
@@ -137,8 +137,8 @@ def dpsgd_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typ
   validation.check_choice("method", method, conversion.METHODS)
   validation.check_all(sampling_rate=sampling_rate, noise_multiplier=noise_multiplier,
                        steps=steps, delta=delta)
-  q, sigma, t = _phases(sampling_rate, noise_multiplier, steps)
-  grid = _orders(orders, q.dtype)
+  q, sigma, t = schedule_phases(sampling_rate, noise_multiplier, steps)
+  grid = order_grid(orders, q.dtype)
   delta = validation.to_device(delta, q.dtype)
   if method == "classic":
     rdp = jnp.sum(composition.rdp_curve(q, sigma, t, grid), axis=0)
@@ -147,10 +147,10 @@ def dpsgd_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typ
     # q or σ), gives NaN, never a number.
     valid = validation.in_domain("delta", delta) & ~jnp.any(jnp.isnan(rdp))
     return jnp.where(valid, eps, jnp.nan)
-  return _dpsgd_epsilon(q, sigma, t, delta, grid, refine_order)
+  return dpsgd_epsilon_unchecked(q, sigma, t, delta, grid, refine_order)
 
 
-def _dpsgd_epsilon(q, sigma, t, delta, grid, refine_order):
+def dpsgd_epsilon_unchecked(q, sigma, t, delta, grid, refine_order):
   """dpsgd_epsilon without argument checks (phase arrays of one dtype). The order search is
   compiled on its own; the envelope derivative is attached outside it, so that a derivative
   taken eagerly (``jax.grad`` of this function) compiles two smaller graphs with the CPU
@@ -172,7 +172,7 @@ def _with_slots(grid):
   if split is None:
     return None
   k = grid.shape[0]
-  slots = tuple(range(k, k + order_search._BATCH))
+  slots = tuple(range(k, k + order_search.BATCH))
   split = sampled_gaussian.OrderSplit(split.sums, split.shared + (slots,))
   orders = np.concatenate([np.asarray(grid), np.linspace(1.5, 2.5, len(slots), dtype=grid.dtype)])
   return orders, split, sampled_gaussian.order_tables(grid, split)
@@ -194,7 +194,7 @@ def _grid_values(q, sigma, t, delta, orders, split, tables, fallback):
 def _search_orders(state, orders, xp):
   """The orders one step of the search evaluates: the grid and its slots, which hold the
   refinement's orders after step 0. ``xp``: jax.numpy in a graph, numpy on the host."""
-  k = orders.shape[0] - order_search._BATCH
+  k = orders.shape[0] - order_search.BATCH
   inside = order_search.refinement_orders(state[3], state[4], xp)
   if xp is np:
     slotted = orders.copy()
@@ -212,7 +212,7 @@ def _search_update(state, eps, pending, orders, refine_steps, xp):
   search). ``state``: (step, best ε, its order, bracket lo, hi, open, go): ``open`` says a
   value that could matter was left open, ``go`` that another step is due."""
   step, best, best_alpha, lo, hi, is_open, _ = state
-  k = orders.shape[0] - order_search._BATCH
+  k = orders.shape[0] - order_search.BATCH
   grid = orders[:k]
   usable = xp.isfinite(grid) & (grid > 1)
   inside = order_search.refinement_orders(lo, hi, xp)
@@ -273,12 +273,12 @@ def _concrete_epsilon(q, sigma, t, delta, grid, refine_order):
   if slotted is None:
     return None
   orders, split, tables = slotted
-  steps = _REFINE_STEPS if refine_order and grid.shape[0] >= 2 else 0
+  steps = REFINE_STEPS if refine_order and grid.shape[0] >= 2 else 0
   if not validation.is_concrete((q, sigma, t, delta)):
     return _grid_search(q, sigma, t, delta, orders, split, tables, steps)
   k = grid.shape[0]
   apart = q.size * orders.size >= _SLOTS_APART
-  slots_split = sampled_gaussian.OrderSplit(None, (tuple(range(order_search._BATCH)),))
+  slots_split = sampled_gaussian.OrderSplit(None, (tuple(range(order_search.BATCH)),))
   state = _search_start(orders.dtype)
   while state[-1]:
     alphas = _search_orders(state, orders, np)
@@ -310,7 +310,7 @@ def _pruned_grid_epsilons(q, sigma, t, delta, orders, split, tables, slots_split
   batches of _BATCH through the slots' program (shared nodes at every order, integer ones
   too: the same values to rounding). Falls back to the whole grid when the bounds keep more
   than half of it."""
-  k = orders.shape[0] - order_search._BATCH
+  k = orders.shape[0] - order_search.BATCH
   grid = orders[:k]
   bins = [b for b in np.array_split(np.argsort(sigma, kind="stable"), _BOUND_BINS) if b.size]
   steps = np.array([t[b].sum() for b in bins])
@@ -327,9 +327,9 @@ def _pruned_grid_epsilons(q, sigma, t, delta, orders, split, tables, slots_split
     return _concrete_epsilons(q, sigma, t, delta, orders, split, tables)
   eps = np.full(orders.shape, np.inf, orders.dtype)
   keep = keep[np.argsort(grid[keep], kind="stable")]   # a group's orders ascend
-  for start in range(0, keep.size, order_search._BATCH):
-    idx = keep[start:start + order_search._BATCH]
-    alphas = grid[idx[np.minimum(np.arange(order_search._BATCH), idx.size - 1)]]
+  for start in range(0, keep.size, order_search.BATCH):
+    idx = keep[start:start + order_search.BATCH]
+    alphas = grid[idx[np.minimum(np.arange(order_search.BATCH), idx.size - 1)]]
     eps[idx] = _concrete_epsilons(q, sigma, t, delta, alphas, slots_split, None)[:idx.size]
   return eps
 
@@ -364,8 +364,8 @@ def _grid_evaluation(q, sigma, t, delta, orders, split, tables):
 def _search_epsilon(q, sigma, t, delta, grid, refine_order):
   """(ε, the order attaining it, NaN where no order is usable); ε is NaN for δ outside (0, 1)
   (under jit the eager checks do not run)."""
-  steps = _REFINE_STEPS if refine_order and grid.shape[0] >= 2 else 0
-  eps, best = grid_epsilon(lambda alphas: _schedule_rdp(q, sigma, t, alphas), grid, delta,
+  steps = REFINE_STEPS if refine_order and grid.shape[0] >= 2 else 0
+  eps, best = grid_epsilon(lambda alphas: schedule_rdp(q, sigma, t, alphas), grid, delta,
                            refine_steps=steps)
   finite = jnp.isfinite(grid) & (grid > 1)
   usable = finite.any() & jnp.isfinite(best) & (best > 1) & jnp.isfinite(eps)
@@ -593,10 +593,10 @@ def calibrate_noise_multiplier(target_epsilon: jax.typing.ArrayLike, delta: jax.
   """
   validation.check_all(target_epsilon=target_epsilon, sampling_rate=sampling_rate, steps=steps,
                        delta=delta)
-  q, _, t = _phases(sampling_rate, 1.0, steps)
-  grid = _orders(orders, q.dtype)
+  q, _, t = schedule_phases(sampling_rate, 1.0, steps)
+  grid = order_grid(orders, q.dtype)
   target, delta = (validation.to_device(v, q.dtype) for v in (target_epsilon, delta))
-  result = _calibrated(_calibrate_sigma, _calibrate_sigma_on_grid, target, delta, q, t, grid)
+  result = _calibrated(calibrate_sigma_unchecked, _calibrate_sigma_on_grid, target, delta, q, t, grid)
   if validation.is_concrete(result) and np.isnan(np.asarray(result)):
     raise ValueError(f"target_epsilon={float(target_epsilon)} is not reachable with any noise "
                      "multiplier up to 1e8 for this schedule and delta.")
@@ -627,7 +627,7 @@ def _host_calibration(on_concrete_grid, target, delta, fixed, t, grid):
   target_ = float(target)
   if on_concrete_grid is _calibrate_sigma_on_grid:
     value_of = lambda s: np.exp(s).astype(dtype)   # σ = e^s
-    args_of = lambda v: (fixed, np.full(fixed.shape, v, dtype))   # host arrays, as _phases
+    args_of = lambda v: (fixed, np.full(fixed.shape, v, dtype))   # host arrays, as schedule_phases
     s0, s_min, s_max = 0.0, math.log(_SIGMA_MIN), math.log(_SIGMA_MAX)
   else:
     value_of = lambda s: np.exp(-s).astype(dtype)   # q = e^-s
@@ -660,10 +660,10 @@ def _sigma_search(target, delta, q, t, grid_epsilon_of):
 
 
 @compilation.jit
-def _calibrate_sigma(target, delta, q, t, grid):
+def calibrate_sigma_unchecked(target, delta, q, t, grid):
   """σ search with the grid ε of the branch-and-bound search (any grid, also traced)."""
   def eps_of(sigma):
-    return grid_epsilon(lambda alphas: _schedule_rdp(q, sigma, t, alphas), grid, delta)[0], False
+    return grid_epsilon(lambda alphas: schedule_rdp(q, sigma, t, alphas), grid, delta)[0], False
   return _sigma_search(target, delta, q, t, eps_of)[0]
 
 
@@ -708,8 +708,8 @@ def calibrate_sampling_rate(target_epsilon: jax.typing.ArrayLike, delta: jax.typ
   """
   validation.check_all(target_epsilon=target_epsilon, noise_multiplier=noise_multiplier,
                        steps=steps, delta=delta)
-  _, sigma, t = _phases(0.5, noise_multiplier, steps)
-  grid = _orders(orders, sigma.dtype)
+  _, sigma, t = schedule_phases(0.5, noise_multiplier, steps)
+  grid = order_grid(orders, sigma.dtype)
   target, delta = (validation.to_device(v, sigma.dtype) for v in (target_epsilon, delta))
   result = _calibrated(_calibrate_q, _calibrate_q_on_grid, target, delta, sigma, t, grid)
   if validation.is_concrete(result) and np.isnan(np.asarray(result)):
@@ -732,7 +732,7 @@ def _q_search(target, delta, sigma, grid_epsilon_of):
 def _calibrate_q(target, delta, sigma, t, grid):
   """q search with the grid ε of the branch-and-bound search (any grid, also traced)."""
   def eps_of(q):
-    return grid_epsilon(lambda alphas: _schedule_rdp(q, sigma, t, alphas), grid, delta)[0], False
+    return grid_epsilon(lambda alphas: schedule_rdp(q, sigma, t, alphas), grid, delta)[0], False
   return _q_search(target, delta, sigma, eps_of)[0]
 
 
@@ -774,16 +774,16 @@ def calibrate_steps(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.Arra
   validation.check_all(target_epsilon=target_epsilon, sampling_rate=sampling_rate,
                        noise_multiplier=noise_multiplier, delta=delta)
   max_steps = validation.check_int("max_steps", max_steps, lo=1)
-  q, sigma, _ = _phases(sampling_rate, noise_multiplier, 1.0)
+  q, sigma, _ = schedule_phases(sampling_rate, noise_multiplier, 1.0)
   if q.shape != (1,):
     raise ValueError("calibrate_steps takes a constant sampling_rate and noise_multiplier.")
-  grid = _orders(orders, q.dtype)
+  grid = order_grid(orders, q.dtype)
   split = _concrete_split(grid) or (None, None)
   if split[0] is not None and validation.is_concrete((q, sigma)):
     # The per-step RDP through the grid's split (the per-order quadrature only if needed).
     per_step = composition.rdp_curve(q, sigma, 1.0, grid)
   else:
-    per_step = _schedule_rdp(q, sigma, jnp.ones_like(q), grid)
+    per_step = schedule_rdp(q, sigma, jnp.ones_like(q), grid)
   lo = _calibrate_steps(jnp.asarray(target_epsilon, q.dtype), jnp.asarray(delta, q.dtype),
                         per_step.reshape(grid.shape), grid, float(max_steps))
   if validation.is_concrete(lo) and float(lo) == 0:

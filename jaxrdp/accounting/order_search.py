@@ -22,10 +22,10 @@ would have been better, i.e. return a larger ε; the bounds are lowered by a rou
 Typical grids of 150-170 orders need 20-40 evaluations instead of all of them.
 
 Refinement beyond the grid runs in the same loop (one evaluation site, so the RDP kernel is
-compiled once): once no grid order can beat the best, each further step evaluates _BATCH
+compiled once): once no grid order can beat the best, each further step evaluates BATCH
 equally spaced orders inside the bracket between the grid neighbours of the best order found
 and keeps the neighbours of the best of them (ε is unimodal in α there), shrinking the
-bracket by (_BATCH + 1)/2 per step. Every value returned is still ε at an evaluated order.
+bracket by (BATCH + 1)/2 per step. Every value returned is still ε at an evaluated order.
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ from jax import lax
 
 from jaxrdp.accounting.conversion import compute_epsilon, epsilon_at_orders
 
-_BATCH = 8          # orders evaluated per step of the search
+BATCH = 8          # orders evaluated per step of the search
 _MIN_GRID = 24      # smaller grids are evaluated whole
 
 
 def _spread_rank(k: int) -> np.ndarray:
-  """Rank of each sorted position so that the first _BATCH picks are evenly spread."""
-  first = np.unique(np.round(np.linspace(0, k - 1, _BATCH)).astype(int))
+  """Rank of each sorted position so that the first BATCH picks are evenly spread."""
+  first = np.unique(np.round(np.linspace(0, k - 1, BATCH)).astype(int))
   rank = np.full(k, k, dtype=np.int32)
   rank[first] = np.arange(first.size)
   return rank
@@ -61,8 +61,8 @@ def bracket_of(orders, usable, best_alpha, xp=jnp):
 
 
 def refinement_orders(lo, hi, xp=jnp):
-  """The _BATCH equally spaced orders strictly inside the bracket [lo, hi]."""
-  fractions = xp.arange(1, _BATCH + 1, dtype=lo.dtype) / (_BATCH + 1)
+  """The BATCH equally spaced orders strictly inside the bracket [lo, hi]."""
+  fractions = xp.arange(1, BATCH + 1, dtype=lo.dtype) / (BATCH + 1)
   return lo + (hi - lo) * fractions
 
 
@@ -72,7 +72,7 @@ def refined_bracket(lo, hi, inside, eps_new, xp=jnp):
   pad = xp.full((1,), xp.inf, eps_new.dtype)
   points = xp.concatenate([lo[None], inside, hi[None]])
   j = xp.argmin(xp.concatenate([pad, eps_new, pad]))
-  return points[xp.maximum(j - 1, 0)], points[xp.minimum(j + 1, _BATCH + 1)]
+  return points[xp.maximum(j - 1, 0)], points[xp.minimum(j + 1, BATCH + 1)]
 
 
 def grid_epsilon(composed_rdp, grid, delta, *, refine_steps=0, initial=None,
@@ -143,11 +143,11 @@ def grid_epsilon(composed_rdp, grid, delta, *, refine_steps=0, initial=None,
     searching = jnp.any(cand)
     key = jnp.where(step == 0, rank.astype(dtype), bound)
     # Candidates get finite keys, the rest +inf: every step evaluates at least one candidate,
-    # so the search ends after at most K / _BATCH + 1 steps.
+    # so the search ends after at most K / BATCH + 1 steps.
     big = jnp.finfo(dtype).max
     key = jnp.where(cand, jnp.clip(jnp.where(jnp.isnan(key) | jnp.isinf(a), -big, key), -big, big),
                     jnp.inf)
-    _, pick = lax.top_k(-key, _BATCH)
+    _, pick = lax.top_k(-key, BATCH)
     # Refinement: equally spaced orders strictly inside the bracket.
     inside = refinement_orders(lo, hi)
     orders = jnp.where(searching, a[pick], inside)
@@ -157,7 +157,7 @@ def grid_epsilon(composed_rdp, grid, delta, *, refine_steps=0, initial=None,
     # One conversion for the new orders and the lower bounds of every grid order.
     eps_all = epsilon_at_orders(jnp.concatenate([orders, a]),
                                 jnp.concatenate([r_new, lower_bound(r, known)]), delta)
-    eps_new, bound = eps_all[:_BATCH], eps_all[_BATCH:]
+    eps_new, bound = eps_all[:BATCH], eps_all[BATCH:]
     # NaN counts as no information; the virtual order 1 (position 0) is not in the grid.
     eps_new = jnp.where(jnp.isnan(eps_new) | (searching & (pick == 0)), jnp.inf, eps_new)
     i = jnp.argmin(eps_new)
@@ -192,5 +192,5 @@ def grid_epsilon(composed_rdp, grid, delta, *, refine_steps=0, initial=None,
            jnp.zeros((k + 1,), dtype))
   state = lax.while_loop(cond, body, state)
   if return_evaluations:
-    return state[2], state[3], state[4] * _BATCH
+    return state[2], state[3], state[4] * BATCH
   return state[2], state[3]

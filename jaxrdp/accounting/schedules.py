@@ -38,8 +38,8 @@ from jaxrdp._internal import compilation
 from jaxrdp._internal import deprecation
 from jaxrdp._internal import validation
 from jaxrdp.accounting.order_search import grid_epsilon
-from jaxrdp.accounting.dpsgd import (_REFINE_STEPS, _dpsgd_epsilon, _orders, _phases,
-                               _schedule_rdp)
+from jaxrdp.accounting.dpsgd import (REFINE_STEPS, dpsgd_epsilon_unchecked, order_grid,
+                                     schedule_phases, schedule_rdp)
 from jaxrdp.accounting.composition import rdp_curve
 from jaxrdp.accounting.conversion import compute_epsilon
 
@@ -116,12 +116,12 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
                        delta=delta)
   validation.check("positive_noise_multiplier", noise_multiplier, name="noise_multiplier")
   num_iterations = validation.check_int("num_iterations", num_iterations, lo=0)
-  q, sigma0, t = _phases(sampling_rate, noise_multiplier, steps)
+  q, sigma0, t = schedule_phases(sampling_rate, noise_multiplier, steps)
   if not bool(jnp.any((q > 0) & (t > 0))):
     raise ValueError("the schedule spends no privacy (every phase has sampling_rate = 0 or "
                      "steps = 0): there is nothing to optimise.")
   dtype = q.dtype
-  grid = _orders(orders, dtype)
+  grid = order_grid(orders, dtype)
   delta = jnp.asarray(delta, dtype)
   log_target = jnp.log(jnp.asarray(target_epsilon, dtype))
   import optax   # here, not at import: an accounting query does not pay for importing optax
@@ -138,7 +138,7 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
     history.append(float(value))
   u = _safe_scale(theta, u, q, t, delta, grid, target_epsilon)
   sigma = jnp.exp(u + theta)
-  eps = _dpsgd_epsilon(q, sigma, t, delta, grid, True)
+  eps = dpsgd_epsilon_unchecked(q, sigma, t, delta, grid, True)
   if not bool(eps <= target_epsilon):  # the bisection keeps the safe side; this cannot fail
     raise RuntimeError(f"internal error: projected schedule has epsilon {float(eps)} > target.")
   return ScheduleResult(sigma, q, t, eps, utility(sigma, q), np.asarray(history))
@@ -146,7 +146,7 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
 
 def _log_eps(u, theta, q, t, delta, grid):
   """log ε of σ = e^u e^θ at the grid orders (differentiable, envelope gradients)."""
-  return jnp.log(_dpsgd_epsilon(q, jnp.exp(u + theta), t, delta, grid, False))
+  return jnp.log(dpsgd_epsilon_unchecked(q, jnp.exp(u + theta), t, delta, grid, False))
 
 
 def _make_step(utility, optimizer, q, t, delta, grid):
@@ -177,7 +177,7 @@ def _safe_scale(theta, u_guess, q, t, delta, grid, target):
   evaluations of one compiled function, and the returned point always has g ≤ 0.
   """
   def g(u):
-    eps = float(_dpsgd_epsilon(q, jnp.exp(u + theta), t, delta, grid, True))
+    eps = float(dpsgd_epsilon_unchecked(q, jnp.exp(u + theta), t, delta, grid, True))
     return math.log(eps / target) if eps > 0 else -math.inf
   hi = float(u_guess) + 0.01 if math.isfinite(float(u_guess)) else 0.01
   g_hi = g(hi)
@@ -240,8 +240,8 @@ def epsilon_trajectory(sampling_rate: jax.typing.ArrayLike, noise_multiplier: ja
   validation.check_all(sampling_rate=sampling_rate, noise_multiplier=noise_multiplier,
                        steps=steps, delta=delta)
   validation.check("steps", at_steps, name="at_steps")
-  q, sigma, t = _phases(sampling_rate, noise_multiplier, steps)
-  grid = _orders(orders, q.dtype)
+  q, sigma, t = schedule_phases(sampling_rate, noise_multiplier, steps)
+  grid = order_grid(orders, q.dtype)
   at = jnp.atleast_1d(jnp.asarray(at_steps, q.dtype))
   starts = jnp.cumsum(t) - t
   prefix = jnp.clip(at[:, None] - starts[None, :], 0.0, t[None, :])
@@ -259,6 +259,6 @@ def _prefix_epsilon(q, sigma, prefix, delta, grid, per_step):
   def one(tt):
     rdp = jnp.sum(jnp.where(tt[:, None] > 0, tt[:, None] * per_step, 0.0), axis=0)
     eps, order = compute_epsilon(grid, rdp, delta)
-    return grid_epsilon(lambda alphas: _schedule_rdp(q, sigma, tt, alphas), grid, delta,
-                        refine_steps=_REFINE_STEPS, initial=(eps, order))[0]
+    return grid_epsilon(lambda alphas: schedule_rdp(q, sigma, tt, alphas), grid, delta,
+                        refine_steps=REFINE_STEPS, initial=(eps, order))[0]
   return jax.lax.map(one, prefix)

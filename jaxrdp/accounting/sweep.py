@@ -50,7 +50,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from jaxrdp._internal import deprecation
 from jaxrdp._internal import validation
-from jaxrdp.accounting.dpsgd import _calibrate_sigma, _orders
+from jaxrdp.accounting.dpsgd import calibrate_sigma_unchecked, order_grid
 from jaxrdp.accounting.conversion import compute_epsilon
 from jaxrdp.mechanisms.sampled_gaussian import fill_pending, log_a_and_rdp_at_orders, order_split, order_tables
 
@@ -297,7 +297,7 @@ def _search_fn(mesh, block):
   """(cells,) arrays of target ε, q, T, δ -> calibrated σ (cells,): the scalar search, vmapped
   over a block (the search loop runs until every cell of the block has converged)."""
   def one(target, q, t, delta, grid):
-    return _calibrate_sigma(target, delta, q[None], t[None], grid)
+    return calibrate_sigma_unchecked(target, delta, q[None], t[None], grid)
 
   def local(target, q, t, delta, grid):
     searches = jax.vmap(one, in_axes=(0, 0, 0, 0, None))
@@ -340,7 +340,7 @@ def _grid_axis(name, x, domain):
 
 
 def _order_grid(orders, dtype):
-  grid = _orders(orders, dtype)
+  grid = order_grid(orders, dtype)
   if grid.ndim != 1:
     raise ValueError(f"orders must be a 1-D array, got shape {grid.shape}.")
   return np.asarray(grid)
