@@ -233,10 +233,6 @@ def _accountant_dtype(accountant_dtype):
   return dtype
 
 
-def _under_trace() -> bool:
-  return isinstance(jnp.zeros(()), jax.core.Tracer)
-
-
 def differentially_private_aggregate(
     l2_norm_clip: ScalarOrSchedule,
     noise_multiplier: ScalarOrSchedule,
@@ -319,10 +315,9 @@ def differentially_private_aggregate(
   def rdp_at(q: float, sigma: float) -> np.ndarray:
     if dtype != jnp.result_type(float):
       q, sigma = np.asarray(q, dtype), np.asarray(sigma, dtype)  # exact: q came from dtype
-    if _under_trace():  # a transform built or first used inside a traced function
-      with jax.ensure_compile_time_eval():
-        value = np.asarray(rdp_curve(q, sigma, 1, orders), dtype)
-    else:
+    # Evaluated now even when the transform is built or first used inside a traced function
+    # (outside a trace the context changes nothing).
+    with jax.ensure_compile_time_eval():
       value = np.asarray(rdp_curve(q, sigma, 1, orders), dtype)
     value.setflags(write=False)
     return value
@@ -358,43 +353,11 @@ def differentially_private_aggregate(
       _checked(name, x, _DOMAIN_OF[name])
     clip, sigma = now["l2_norm_clip"], now["noise_multiplier"]
     q, divisor = now["sampling_rate"], now["expected_batch_size"]
-    if isinstance(updates, ClippedGradSum):
-      if mask is not None:
-        raise ValueError("mask must be None when updates is a ClippedGradSum (the mask was "
-                         "applied by clipped_grad_sum).")
-      sums = updates.grad_sum
-      validation.check("l2_norm_clip", updates.l2_norm_clip, name="ClippedGradSum.l2_norm_clip")
-      if validation.is_concrete((updates.l2_norm_clip, clip)) and not (
-          float(updates.l2_norm_clip) <= float(clip)):
-        raise ValueError(f"the ClippedGradSum was clipped at {float(updates.l2_norm_clip)}, above "
-                         f"this transform's l2_norm_clip={float(clip)}: the noise would be too small.")
-      clip_ok = updates.l2_norm_clip <= clip
-      leaves, treedef = jax.tree.flatten(sums)
-      if params is not None:
-        p_leaves, p_treedef = jax.tree.flatten(params)
-        if p_treedef != treedef:
-          raise ValueError("ClippedGradSum.grad_sum must have the structure of params; got "
-                           f"{treedef} and {p_treedef}.")
-        out_dtypes = [jnp.result_type(p) for p in p_leaves]
-      else:
-        out_dtypes = [jnp.result_type(x) for x in leaves]
-      leaves = [jnp.asarray(x).astype(jnp.promote_types(jnp.result_type(x), jnp.float32))
-                for x in leaves]
-    else:
-      g_leaves, treedef = jax.tree.flatten(updates)
-      _check_per_example(g_leaves, treedef, params)
-      out_dtypes = [jnp.result_type(x) for x in g_leaves]
-      leaves = jax.tree.leaves(clip_and_sum(updates, clip, mask))
-      clip_ok = True
+    leaves, treedef, out_dtypes, clip_ok = _clipped_sums(updates, clip, mask, params)
     base = jax.random.wrap_key_data(state.key, impl=impl) if impl else (
         jax.random.wrap_key_data(state.key))
     next_key, noise_key = jax.random.split(base)
-    keys = jax.random.split(noise_key, len(leaves))
-    noised = []
-    for x, k, out in zip(leaves, keys, out_dtypes):
-      std = jnp.asarray(sigma, x.dtype) * jnp.asarray(clip, x.dtype)
-      y = (x + std * jax.random.normal(k, x.shape, x.dtype)) / jnp.asarray(divisor, x.dtype)
-      noised.append(y)
+    noised = _noised_means(leaves, noise_key, sigma, clip, divisor)
     # Under jit the eager checks do not run: invalid values give NaN updates.
     ok = (validation.in_domain("l2_norm_clip", jnp.asarray(clip))
           & validation.in_domain("noise_multiplier", jnp.asarray(sigma))
@@ -410,6 +373,47 @@ def differentially_private_aggregate(
     return jax.tree.unflatten(treedef, noised), new_state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _clipped_sums(updates, clip, mask, params):
+  """(leaves, treedef, output dtypes, whether the clip is valid) of the clipped gradient sum:
+  per-example gradients are clipped to ``clip`` and summed (padding masked out); a
+  :class:`jaxrdp.ClippedGradSum` was clipped already (at most at ``clip``, checked) and is
+  only promoted to at least float32."""
+  if not isinstance(updates, ClippedGradSum):
+    g_leaves, treedef = jax.tree.flatten(updates)
+    _check_per_example(g_leaves, treedef, params)
+    out_dtypes = [jnp.result_type(x) for x in g_leaves]
+    return jax.tree.leaves(clip_and_sum(updates, clip, mask)), treedef, out_dtypes, True
+  if mask is not None:
+    raise ValueError("mask must be None when updates is a ClippedGradSum (the mask was "
+                     "applied by clipped_grad_sum).")
+  validation.check("l2_norm_clip", updates.l2_norm_clip, name="ClippedGradSum.l2_norm_clip")
+  if validation.is_concrete((updates.l2_norm_clip, clip)) and not (
+      float(updates.l2_norm_clip) <= float(clip)):
+    raise ValueError(f"the ClippedGradSum was clipped at {float(updates.l2_norm_clip)}, above "
+                     f"this transform's l2_norm_clip={float(clip)}: the noise would be too small.")
+  leaves, treedef = jax.tree.flatten(updates.grad_sum)
+  if params is not None:
+    p_leaves, p_treedef = jax.tree.flatten(params)
+    if p_treedef != treedef:
+      raise ValueError("ClippedGradSum.grad_sum must have the structure of params; got "
+                       f"{treedef} and {p_treedef}.")
+    out_dtypes = [jnp.result_type(p) for p in p_leaves]
+  else:
+    out_dtypes = [jnp.result_type(x) for x in leaves]
+  leaves = [jnp.asarray(x).astype(jnp.promote_types(jnp.result_type(x), jnp.float32))
+            for x in leaves]
+  return leaves, treedef, out_dtypes, updates.l2_norm_clip <= clip
+
+
+def _noised_means(leaves, key, sigma, clip, divisor):
+  """(sum + N(0, (σC)^2 I)) / divisor for each leaf, in the leaf's dtype (at least float32):
+  one independent key per leaf."""
+  keys = jax.random.split(key, len(leaves))
+  cast = lambda v, x: jnp.asarray(v, x.dtype)
+  return [(x + cast(sigma, x) * cast(clip, x) * jax.random.normal(k, x.shape, x.dtype))
+          / cast(divisor, x) for x, k in zip(leaves, keys)]
 
 
 def _check_per_example(leaves, treedef, params):
