@@ -62,7 +62,6 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.scipy.special import ndtr
 import numpy as np
 
 DEFAULT_INTERVAL = 1e-4      # Δ, dp_accounting's PLDAccountant default
@@ -116,57 +115,58 @@ def _x_of_loss(u, q, sigma):
   return jnp.where(finite, x / sigma, edge), jnp.where(finite, (x - 1.0) / sigma, edge)
 
 
-def _tails(z):
-  """(Φ(z), 1 − Φ(z)), each accurate to a relative rounding in its own tail (erfc only)."""
-  return 0.5 * lax.erfc(-z * _SQRT_HALF), 0.5 * lax.erfc(z * _SQRT_HALF)
-
-
-def _interval_mass(z, increasing):
-  """Φ(b) − Φ(a) for the consecutive intervals [a, b] of the sorted thresholds ``z`` (sorted up
-  if ``increasing``, down otherwise), taken in the tail on the interval's side (no
-  cancellation of two numbers near one)."""
-  lower, upper = _tails(z)
-  if increasing:
-    return jnp.where(z[:-1] > 0, upper[:-1] - upper[1:], lower[1:] - lower[:-1])
-  return jnp.where(z[1:] > 0, upper[1:] - upper[:-1], lower[:-1] - lower[1:])
-
-
 def _start_index(q, sigma, interval, add):
   """First grid index of a step's PMF: the loss at the end of x ∈ [−Zσ, 1 + Zσ] where it is
-  smallest, rounded down (mass below is rounded up to it)."""
-  if add:
-    low = -_log_ratio(1.0 + _Z * sigma, q, sigma)
-  else:
-    low = _log_ratio(-_Z * sigma, q, sigma)
+  smallest, rounded down (mass below it is rounded up to it)."""
+  low = jnp.where(add, -_log_ratio(1.0 + _Z * sigma, q, sigma), _log_ratio(-_Z * sigma, q, sigma))
   return jnp.floor(low / interval).astype(jnp.int64)
 
 
-def step_pmf(q, sigma, start, interval, pmf_bins, add):
-  """One step's pessimistic discretised PLD on the points l_k = (start + k)Δ, k < pmf_bins.
+def step_pmfs(q, sigma, interval, pmf_bins):
+  """One step's pessimistic discretised PLD, for each phase and both directions.
 
-  Returns (pmf, p_inf): the mass at each point (connect the dots, losses below the grid rounded
-  up to its first point) and the mass above its last point, counted as infinite loss.
+  Args:
+    q, sigma: the phases' sampling rates and noise multipliers (1-D, float64).
+    interval: Δ. pmf_bins: the number of points (static).
+
+  Returns:
+    (start, pmf, above): for direction (remove, add) × phase, the first point's index (the
+    points are l_k = (start + k)Δ), the mass at each point (connect the dots; losses below the
+    first point rounded up to it) and the mass above the last point (infinite loss). Shapes
+    (2, P), (2, P, pmf_bins), (2, P).
   """
-  m = pmf_bins - 1
-  losses = (start + jnp.arange(pmf_bins)) * interval
-  # Thresholds in x at the grid points; the add direction's loss l is the remove one's −l.
-  z0, z1 = _x_of_loss(-losses if add else losses, q, sigma)
-  g0 = _interval_mass(z0, increasing=not add)   # add: x decreases as the loss grows
-  g1 = _interval_mass(z1, increasing=not add)
-  if add:
-    p_mass, q_mass = g0, (1 - q) * g0 + q * g1
-    below = ndtr(-z0[0])                   # X > x(l_0): loss below the grid
-    above = ndtr(z0[m])                    # X < x(l_M): loss above it
-  else:
-    p_mass, q_mass = (1 - q) * g0 + q * g1, g0
-    below = (1 - q) * ndtr(z0[0]) + q * ndtr(z1[0])
-    above = (1 - q) * ndtr(-z0[m]) + q * ndtr(-z1[m])
+  add = jnp.array([[False], [True]])                               # (direction, phase)
+  start = _start_index(q, sigma, interval, add)
+  losses = (start[..., None] + jnp.arange(pmf_bins)) * interval    # (2, P, K)
+  # The add direction's loss l is the remove one's −l at the same x (and P, Q swapped).
+  z0, z1 = _x_of_loss(jnp.where(add[..., None], -losses, losses), q[:, None], sigma[:, None])
+  # Φ(z) and 1 − Φ(z) of both Gaussians' thresholds, from one erfc of |z| (its own tail).
+  z = jnp.stack([z0, z1])
+  far = 0.5 * lax.erfc(jnp.abs(z) * _SQRT_HALF)
+  lower, upper = jnp.where(z < 0, far, 1.0 - far), jnp.where(z < 0, 1.0 - far, far)
+  # Mass of each loss interval [l_k, l_{k+1}] under N(0, σ²) and N(1, σ²): x grows with k in the
+  # remove direction, falls in the add one; differences taken in the interval's own tail.
+  rising = jnp.where(z[..., :-1] > 0, upper[..., :-1] - upper[..., 1:],
+                     lower[..., 1:] - lower[..., :-1])
+  falling = jnp.where(z[..., 1:] > 0, upper[..., 1:] - upper[..., :-1],
+                      lower[..., :-1] - lower[..., 1:])
+  g0, g1 = jnp.where(add[..., None], falling, rising)
+  qq = q[:, None]
+  mixture = (1 - qq) * g0 + qq * g1
+  p_mass = jnp.where(add[..., None], g0, mixture)
+  q_mass = jnp.where(add[..., None], mixture, g0)
+  below = jnp.where(add, upper[0, ..., 0],
+                    (1 - q) * lower[0, ..., 0] + q * lower[1, ..., 0])
+  above = jnp.where(add, lower[0, ..., -1],
+                    (1 - q) * upper[0, ..., -1] + q * upper[1, ..., -1])
   # Split interval k's P-mass p between its ends, a at l_k and p − a at l_{k+1}, keeping its
   # Q-mass: a e^{−l_k} + (p − a) e^{−l_{k+1}} = Q-mass (Doroshenko et al. 2022, Alg. 1).
-  left = (q_mass * jnp.exp(losses[:-1]) - p_mass * math.exp(-interval)) / -math.expm1(-interval)
+  left = (q_mass * jnp.exp(losses[..., :-1]) - p_mass * math.exp(-interval)) / -math.expm1(
+      -interval)
   left = jnp.clip(left, 0.0, p_mass)
-  pmf = jnp.pad(left, (0, 1)) + jnp.pad(p_mass - left, (1, 0))
-  return pmf.at[0].add(below), above
+  pad = [(0, 0), (0, 0)]
+  pmf = jnp.pad(left, pad + [(0, 1)]) + jnp.pad(p_mass - left, pad + [(1, 0)])
+  return start, pmf.at[..., 0].add(below), above
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,15 +177,17 @@ def _log_mgf(pmf, start, interval):
   """K(λ) = log Σ_k p_k e^{λ l_k} at the Chernoff orders λ > 0, in logs (λ·l overflows and
   underflows both ways): per block of :data:`_BLOCK` points, Σ_j p_j e^{−λ(l_top − l_j)} is a
   matrix product with factors ≤ 1, and the blocks are combined by log-sum-exp. It places the
-  window and bounds the mass above it, both discrete or negligible: no derivative flows."""
+  window and bounds the mass above it, both discrete or negligible: no derivative flows.
+  Leading axes of ``pmf`` and ``start`` are batch axes; the λ axis is appended."""
   pmf = lax.stop_gradient(pmf)
   lam = jnp.asarray(_LAMBDAS, pmf.dtype)
   below_top = (_BLOCK - 1 - jnp.arange(_BLOCK)) * interval
-  sums = pmf.reshape(-1, _BLOCK) @ jnp.exp(-below_top[:, None] * lam)      # (blocks, λ)
-  block_top = (start + _BLOCK * jnp.arange(1, sums.shape[0] + 1) - 1) * interval
+  blocks = pmf.reshape(pmf.shape[:-1] + (-1, _BLOCK))
+  sums = blocks @ jnp.exp(-below_top[:, None] * lam)               # (..., blocks, λ)
+  block_top = (start[..., None] + _BLOCK * jnp.arange(1, blocks.shape[-2] + 1) - 1) * interval
   positive = sums > 0
   log_sums = jnp.where(positive, jnp.log(jnp.where(positive, sums, 1.0)), -jnp.inf)
-  return jax.nn.logsumexp(log_sums + lam * block_top[:, None], axis=0)
+  return jax.nn.logsumexp(log_sums + lam * block_top[..., None], axis=-2)
 
 
 def _power(f, t):
@@ -196,93 +198,97 @@ def _power(f, t):
   return jnp.where(nonzero | (t == 0), jnp.exp(t * log_f), 0.0)
 
 
-def _direction(q, sigma, t, interval, pmf_bins, bins, tail_mass, add):
-  """The composed PLD of one direction on its window: (losses' first index, pmf, p_∞)."""
-  start = _start_index(q, sigma, interval, add)
-  pmf, above = jax.vmap(step_pmf, (0, 0, 0, None, None, None))(q, sigma, start, interval,
-                                                                 pmf_bins, add)
-  # Fold each step's PMF onto the circle (point k of phase i sits at (start_i + k) mod bins).
-  position = jnp.mod(start[:, None] + jnp.arange(pmf_bins), bins)
-  circle = jax.vmap(lambda p, i: jnp.zeros(bins, p.dtype).at[i].add(p))(pmf, position)
-  spectrum = jnp.prod(_power(jnp.fft.rfft(circle), t[:, None]), axis=0)
-  composed = jnp.maximum(jnp.fft.irfft(spectrum, n=bins), 0.0)
-  # Window: its top at the Chernoff quantile of the composed loss at tail_mass.
-  k_total = jnp.sum(t[:, None] * jax.vmap(_log_mgf, (0, 0, None))(pmf, start, interval), axis=0)
-  lam = jnp.asarray(_LAMBDAS, k_total.dtype)
-  quantile = jnp.min((k_total - math.log(tail_mass)) / lam)
-  # (No finite mass at all: K = −∞ and every window will do; clipped so the index stays valid.)
-  quantile = jnp.clip(jnp.where(jnp.isnan(quantile), 0.0, quantile), -1e6, 1e6)
-  top = jnp.ceil(quantile / interval).astype(jnp.int64)
-  first = top - bins + 1
-  window = jnp.roll(composed, -jnp.mod(first, bins))
-  log_tail = jnp.min(k_total - lam * (top + 1) * interval)     # mass above the window
-  log_finite = jnp.sum(t * jnp.log1p(-above))                    # no infinite loss in any step
-  p_inf = -jnp.expm1(log_finite) + jnp.exp(log_tail)
-  return first, window, p_inf
-
-
-def _delta_of(first, window, p_inf, eps, interval):
-  """δ(ε) = p_∞ + Σ_k p_k (1 − e^{ε − l_k})₊ on a window."""
-  losses = (first + jnp.arange(window.shape[-1])) * interval
-  gap = jnp.where(losses > eps, eps - losses, 0.0)
-  return p_inf + jnp.sum(window * -jnp.expm1(gap))
-
-
-def _epsilon_of(first, window, p_inf, delta, interval):
-  """The smallest ε ≥ 0 with δ(ε) ≤ δ on a window (+inf if p_∞ ≥ δ), in closed form on the grid
-  interval that holds it; differentiable in the bin masses and δ (implicit derivative)."""
-  n = window.shape[-1]
-  offsets = jnp.arange(n) * interval                 # l_k − l_0
-  losses = first * interval + offsets
-  # δ at every grid point: δ(l_k) = p_∞ + S₀(k+1) − e^{l_k − l_top}·S₁(k+1), with
-  # S₀(j) = Σ_{i≥j} p_i and S₁(j) = Σ_{i≥j} p_i e^{l_top − l_i}. The exponent is capped at 700
-  # (bins more than 700 below the top): a smaller S₁ only raises δ there, so the grid point
-  # found is never below the true one.
-  sg = lax.stop_gradient
-  w, top_offset = sg(window), offsets[-1]
-  s0 = jnp.cumsum(w[::-1])[::-1]
-  s1 = jnp.cumsum((w * jnp.exp(jnp.minimum(top_offset - offsets, 700.0)))[::-1])[::-1]
-  s0_next = jnp.append(s0[1:], 0.0)
-  s1_next = jnp.append(s1[1:], 0.0)
-  delta_at = sg(p_inf) + s0_next - jnp.exp(offsets - top_offset) * s1_next
-  # The first grid point with δ(l_k) ≤ δ: ε lies in (l_{k−1}, l_k], above it are the bins k...
-  k = jnp.argmax(delta_at <= delta)
-  found = delta_at[k] <= delta
-  above = jnp.arange(n) >= k
-  positive = above & (window > 0)
-  s0_k = jnp.sum(jnp.where(above, window, 0.0))
-  log_s1_k = jax.nn.logsumexp(jnp.log(jnp.where(positive, window, 1.0)) - losses, where=positive)
-  numerator = p_inf + s0_k - delta
-  ok = found & (numerator > 0) & (delta > p_inf) & jnp.any(positive)
-  eps = jnp.log(jnp.where(ok, numerator, 1.0)) - jnp.where(ok, log_s1_k, 0.0)
-  # Not in closed form: δ ≤ p_∞ (ε = +inf), or δ met at every point of the window (ε at or
-  # below its first point: its first point, a bound).
-  eps = jnp.where(ok, jnp.minimum(eps, losses[k]), jnp.where(delta > p_inf, losses[k], jnp.inf))
-  return jnp.maximum(eps, 0.0)
+def _fold(pmf, bins):
+  """The PMF's points folded onto a circle of ``bins`` points (point k at k mod bins)."""
+  k = pmf.shape[-1]
+  if k <= bins:
+    return jnp.pad(pmf, [(0, 0)] * (pmf.ndim - 1) + [(0, bins - k)])
+  laps = -(-k // bins)
+  padded = jnp.pad(pmf, [(0, 0)] * (pmf.ndim - 1) + [(0, laps * bins - k)])
+  return padded.reshape(pmf.shape[:-1] + (laps, bins)).sum(axis=-2)
 
 
 def _composed(q, sigma, t, grid):
-  """Both directions' composed PLDs, stacked: (first, window, p_∞) with a leading axis of 2."""
-  parts = [_direction(q, sigma, t, grid.interval, grid.pmf_bins, grid.bins, grid.tail_mass, add)
-           for add in (False, True)]
-  return tuple(jnp.stack(v) for v in zip(*parts))
+  """Both directions' composed PLDs on their windows.
+
+  Returns (first, window, p_inf) with a leading axis (remove, add): the window's first point's
+  index (its points are (first + k)Δ, k < bins), the masses there, and the infinite-loss mass
+  (the steps' own, and the Chernoff bound on the composed mass above the window)."""
+  interval, bins = grid.interval, grid.bins
+  start, pmf, above = step_pmfs(q, sigma, interval, grid.pmf_bins)
+  steps = t.astype(jnp.int64)
+  # Every step's PMF is folded from index 0; the composition is then offset by Σ_i T_i start_i.
+  spectrum = jnp.prod(_power(jnp.fft.rfft(_fold(pmf, bins)), t[:, None]), axis=-2)
+  composed = jnp.maximum(jnp.fft.irfft(spectrum, n=bins), 0.0)           # (2, bins)
+  offset = jnp.sum(steps * start, axis=-1)
+  # The window's top: the Chernoff quantile of the composed loss at tail_mass.
+  k_total = jnp.sum(t[:, None] * _log_mgf(pmf, start, interval), axis=-2)   # (2, λ)
+  lam = jnp.asarray(_LAMBDAS, k_total.dtype)
+  quantile = jnp.min((k_total - math.log(grid.tail_mass)) / lam, axis=-1)
+  # (No finite mass at all: K = −∞ and any window will do; clipped so the index stays valid.)
+  quantile = jnp.clip(jnp.where(jnp.isnan(quantile), 0.0, quantile), -1e6, 1e6)
+  top = jnp.ceil(quantile / interval).astype(jnp.int64)
+  first = top - bins + 1
+  window = jax.vmap(jnp.roll)(composed, -jnp.mod(first - offset, bins))
+  log_tail = jnp.min(k_total - lam * (top[:, None] + 1) * interval, axis=-1)  # above the window
+  log_finite = jnp.sum(t * jnp.log1p(-above), axis=-1)       # no step's loss infinite
+  return first, window, -jnp.expm1(log_finite) + jnp.exp(log_tail)
+
+
+def _delta_of(first, window, p_inf, eps, interval):
+  """δ(ε) = p_∞ + Σ_k p_k (1 − e^{ε − l_k})₊ on each direction's window (leading axis)."""
+  losses = (first[:, None] + jnp.arange(window.shape[-1])) * interval
+  gap = jnp.where(losses > eps, eps - losses, 0.0)
+  return p_inf + jnp.sum(window * -jnp.expm1(gap), axis=-1)
+
+
+def _epsilon_of(first, window, p_inf, delta, interval):
+  """The smallest ε ≥ 0 with δ(ε) ≤ δ on each direction's window (leading axis; +inf where
+  p_∞ ≥ δ), in closed form on the grid interval that holds it; differentiable in the masses
+  and δ (the implicit derivative)."""
+  n = window.shape[-1]
+  index = jnp.arange(n)
+  losses = (first[:, None] + index) * interval
+  # δ at every grid point: δ(l_k) = p_∞ + S₀(k+1) − e^{l_k − l_top}·S₁(k+1), with
+  # S₀(j) = Σ_{i≥j} p_i and S₁(j) = Σ_{i≥j} p_i e^{l_top − l_i}. The exponent is capped at 700
+  # (bins more than 700 below the top): a smaller S₁ only raises δ there, so the grid point
+  # found is never below the true one, and the ε below never smaller.
+  below_top = (n - 1 - index) * interval
+  weight = jnp.exp(jnp.minimum(below_top, 700.0))
+  w = lax.stop_gradient(window)
+  sums = lax.cumsum(jnp.stack([w, w * weight]), axis=2, reverse=True)      # (S₀|S₁, dir, n)
+  after = jnp.pad(sums[..., 1:], [(0, 0), (0, 0), (0, 1)])
+  delta_at = lax.stop_gradient(p_inf)[:, None] + after[0] - after[1] / weight
+  # The first grid point with δ(l_k) ≤ δ: ε lies in (l_{k−1}, l_k], and the bins k, k+1, ...
+  # are those above it.
+  k = jnp.argmax(delta_at <= delta, axis=-1)
+  found = jnp.take_along_axis(delta_at, k[:, None], axis=-1)[:, 0] <= delta
+  mask = index >= k[:, None]
+  s0 = jnp.sum(jnp.where(mask, window, 0.0), axis=-1)
+  s1 = jnp.sum(jnp.where(mask, window * weight, 0.0), axis=-1)
+  numerator = p_inf + s0 - delta
+  ok = found & (numerator > 0) & (s1 > 0) & (delta > p_inf)
+  eps = (jnp.log(jnp.where(ok, numerator, 1.0)) - jnp.log(jnp.where(ok, s1, 1.0))
+         + (first + n - 1) * interval)
+  at_k = jnp.take_along_axis(losses, k[:, None], axis=-1)[:, 0]
+  # Not in closed form: δ ≤ p_∞ (ε = +inf), or δ met at every point (ε at or below the
+  # window's first point: that point, a bound).
+  eps = jnp.where(ok, jnp.minimum(eps, at_k), jnp.where(delta > p_inf, at_k, jnp.inf))
+  return jnp.maximum(eps, 0.0)
 
 
 @functools.partial(jax.jit, static_argnames=("grid",))
 def pld_epsilon_unchecked(q, sigma, t, delta, grid):
   """ε(δ) of the schedule (phase arrays q, σ, t of float64), the larger of the directions'."""
   first, window, p_inf = _composed(q, sigma, t, grid)
-  eps = jax.vmap(_epsilon_of, (0, 0, 0, None, None))(first, window, p_inf, delta, grid.interval)
-  return jnp.max(eps)
+  return jnp.max(_epsilon_of(first, window, p_inf, delta, grid.interval))
 
 
 @functools.partial(jax.jit, static_argnames=("grid",))
 def pld_delta_unchecked(q, sigma, t, epsilon, grid):
   """δ(ε) of the schedule, the larger of the directions'."""
   first, window, p_inf = _composed(q, sigma, t, grid)
-  delta = jax.vmap(_delta_of, (0, 0, 0, None, None))(first, window, p_inf, epsilon,
-                                                       grid.interval)
-  return jnp.minimum(jnp.max(delta), 1.0)
+  return jnp.minimum(jnp.max(_delta_of(first, window, p_inf, epsilon, grid.interval)), 1.0)
 
 
 # ---------------------------------------------------------------------------------------------
