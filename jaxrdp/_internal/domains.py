@@ -57,6 +57,9 @@ DOMAINS: dict[str, Domain] = {
     "rdp": Domain(0.0, allow_inf=True, allow_nan=True),
     # optimize_schedule works in log σ; the CLI refuses σ = 0 (ε = inf) as a mistake.
     "positive_noise_multiplier": _POSITIVE,
+    # --- the PLD accountant (jaxrdp.accounting.pld) ---
+    "pld_interval": Domain(0.0, 1.0, lo_open=True),   # Δ, the loss grid's spacing
+    "tail_mass": _OPEN_UNIT,                   # composed mass the window may leave out
     # --- other mechanisms ---
     "scale": _NON_NEGATIVE,                    # Laplace b
     "p": Domain(0.5, 1.0),                     # randomized response: truth with probability p

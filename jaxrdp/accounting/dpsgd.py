@@ -38,6 +38,7 @@ import numpy as np
 from jaxrdp._internal import compilation
 from jaxrdp._internal import validation
 from jaxrdp.accounting import composition
+from jaxrdp.accounting.composition import schedule_phases
 from jaxrdp.accounting import conversion
 from jaxrdp.mechanisms import sampled_gaussian
 from jaxrdp.accounting import order_search
@@ -48,25 +49,6 @@ from jaxrdp.accounting.orders import DEFAULT_ORDERS
 REFINE_STEPS = 6         # refinement steps of 8 orders each (the bracket shrinks 4.5x per step)
 _SIGMA_MIN, _SIGMA_MAX = 1e-4, 1e8   # noise multipliers searched
 _Q_MIN = 1e-12                       # smallest sampling rate searched
-
-
-def schedule_phases(sampling_rate, noise_multiplier, steps):
-  q = validation.as_float_array(sampling_rate)
-  sigma = validation.as_float_array(noise_multiplier)
-  t = validation.as_float_array(steps)
-  dtype = jnp.result_type(q, sigma, t)
-  for name, v in (("sampling_rate", q), ("noise_multiplier", sigma), ("steps", t)):
-    if v.ndim > 1:
-      raise ValueError(f"{name} must be a scalar or a 1-D schedule, got shape {v.shape}.")
-  try:
-    shape = jnp.broadcast_shapes(q.shape, sigma.shape, t.shape)
-  except ValueError:
-    raise ValueError("sampling_rate, noise_multiplier and steps must broadcast to one schedule; "
-                     f"got shapes {q.shape}, {sigma.shape}, {t.shape}.") from None
-  shape = shape or (1,)
-  if validation.is_concrete((q, sigma, t)):  # on the host: eager JAX ops would compile
-    return tuple(np.broadcast_to(np.asarray(v, dtype), shape) for v in (q, sigma, t))
-  return tuple(jnp.broadcast_to(v.astype(dtype), shape) for v in (q, sigma, t))
 
 
 def order_grid(orders, dtype):

@@ -64,12 +64,17 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
+from jaxrdp._internal import validation
+from jaxrdp.accounting import composition
+
 DEFAULT_INTERVAL = 1e-4      # Δ, dp_accounting's PLDAccountant default
 DEFAULT_TAIL_MASS = 1e-15    # the composed tail mass the window may leave out (added to δ)
 MAX_BINS = 1 << 24           # largest FFT circle / step PMF (≈ 0.5 GiB of float64 work arrays)
 _Z = 10.0                    # a step's loss range covers x ∈ [−Zσ, 1 + Zσ] (mass outside ≈ 1e-23)
-_LAMBDAS = 2.0 ** np.arange(-5, 16)   # Chernoff orders λ of the window's tail bound
+_LAMBDAS = 2.0 ** (np.arange(-12, 33) / 2)   # Chernoff orders λ of the window and its tail bound
+_LOWER_TAIL_MASS = 1e-12     # the composed mass below the window aimed at (wraps to its top)
 _BLOCK = 64                  # points per block of the moment-generating function's upper bound
+_READ_BLOCK = 512            # points per block of the two-level search for ε (divides ``bins``)
 _SQRT_HALF = math.sqrt(0.5)
 
 
@@ -191,11 +196,16 @@ def _log_mgf(pmf, start, interval):
 
 
 def _power(f, t):
-  """f**t for complex f and integer-valued t ≥ 0, as exp(t·log f) (for integer t the branch of
-  the logarithm does not matter); 0 where f is 0, with a finite derivative."""
-  nonzero = jnp.abs(f) > 0
-  log_f = jnp.log(jnp.where(nonzero, f, 1.0))
-  return jnp.where(nonzero | (t == 0), jnp.exp(t * log_f), 0.0)
+  """f**t for complex f and integer-valued t ≥ 0, as |f|^t·e^{i·t·arg f} (the branch of arg
+  does not matter for integer t; real log, exp, sin and cos vectorise where complex ones do
+  not); 0 where f is 0, with a finite derivative. The phase t·arg f carries arg f's rounding
+  times t (2e-11 rad at t = 5·10⁴), as any exp(t·log f) does (NumPy's and dp_accounting's)."""
+  square = f.real**2 + f.imag**2
+  nonzero = square > 0
+  log_modulus = 0.5 * jnp.log(jnp.where(nonzero, square, 1.0))
+  modulus = jnp.where(nonzero, jnp.exp(t * log_modulus), jnp.where(t == 0, 1.0, 0.0))
+  phase = t * jnp.arctan2(jnp.where(nonzero, f.imag, 0.0), jnp.where(nonzero, f.real, 1.0))
+  return lax.complex(modulus * jnp.cos(phase), modulus * jnp.sin(phase))
 
 
 def _fold(pmf, bins):
@@ -245,35 +255,49 @@ def _delta_of(first, window, p_inf, eps, interval):
 def _epsilon_of(first, window, p_inf, delta, interval):
   """The smallest ε ≥ 0 with δ(ε) ≤ δ on each direction's window (leading axis; +inf where
   p_∞ ≥ δ), in closed form on the grid interval that holds it; differentiable in the masses
-  and δ (the implicit derivative)."""
-  n = window.shape[-1]
+  and δ (the implicit derivative).
+
+  δ at a grid point is δ(l_k) = p_∞ + S₀(k+1) − e^{l_k − l_top}·S₁(k+1), with suffix sums
+  S₀(j) = Σ_{i≥j} p_i and S₁(j) = Σ_{i≥j} p_i e^{l_top − l_i}, found in two levels: at the ends
+  of blocks of :data:`_READ_BLOCK` points, then inside the block where δ crosses the target.
+  The exponent l_top − l_i is capped at 700 (points more than 700 below the window's top):
+  a smaller S₁ only raises δ there, so the point found is never below the true one, and the
+  ε below never smaller."""
+  d, n = window.shape
+  nb = n // _READ_BLOCK
   index = jnp.arange(n)
-  losses = (first[:, None] + index) * interval
-  # δ at every grid point: δ(l_k) = p_∞ + S₀(k+1) − e^{l_k − l_top}·S₁(k+1), with
-  # S₀(j) = Σ_{i≥j} p_i and S₁(j) = Σ_{i≥j} p_i e^{l_top − l_i}. The exponent is capped at 700
-  # (bins more than 700 below the top): a smaller S₁ only raises δ there, so the grid point
-  # found is never below the true one, and the ε below never smaller.
-  below_top = (n - 1 - index) * interval
-  weight = jnp.exp(jnp.minimum(below_top, 700.0))
+  weight = jnp.exp(jnp.minimum((n - 1 - index) * interval, 700.0))
   w = lax.stop_gradient(window)
-  sums = lax.cumsum(jnp.stack([w, w * weight]), axis=2, reverse=True)      # (S₀|S₁, dir, n)
-  after = jnp.pad(sums[..., 1:], [(0, 0), (0, 0), (0, 1)])
-  delta_at = lax.stop_gradient(p_inf)[:, None] + after[0] - after[1] / weight
-  # The first grid point with δ(l_k) ≤ δ: ε lies in (l_{k−1}, l_k], and the bins k, k+1, ...
-  # are those above it.
-  k = jnp.argmax(delta_at <= delta, axis=-1)
-  found = jnp.take_along_axis(delta_at, k[:, None], axis=-1)[:, 0] <= delta
+  p_inf_0 = lax.stop_gradient(p_inf)
+  blocks = w.reshape(d, nb, _READ_BLOCK)
+  block_weight = weight.reshape(nb, _READ_BLOCK)
+  sums = jnp.stack([blocks.sum(axis=-1), (blocks * block_weight).sum(axis=-1)])   # (S₀|S₁, d, nb)
+  after = jnp.pad(lax.cumsum(sums, axis=2, reverse=True)[..., 1:], [(0, 0), (0, 0), (0, 1)])
+  # δ at each block's last point; the first block whose last point meets δ holds the crossing.
+  last = index[_READ_BLOCK - 1::_READ_BLOCK]
+  block = jnp.argmax(p_inf_0[:, None] + after[0] - after[1] / weight[last] <= delta, axis=-1)
+  inside = jnp.take_along_axis(blocks, block[:, None, None], axis=1)[:, 0]           # (d, B)
+  inside = jnp.stack([inside, inside * block_weight[block]])                          # (2, d, B)
+  beyond = jnp.take_along_axis(after, block[None, :, None], axis=2)                  # (2, d, 1)
+  strictly_after = jnp.arange(_READ_BLOCK)[:, None] > jnp.arange(_READ_BLOCK)
+  suffix = inside @ strictly_after.astype(w.dtype) + beyond          # S(k + 1) inside the block
+  k_all = block[:, None] * _READ_BLOCK + jnp.arange(_READ_BLOCK)
+  delta_at = p_inf_0[:, None] + suffix[0] - suffix[1] / weight[k_all]
+  met = delta_at <= delta
+  k = block * _READ_BLOCK + jnp.argmax(met, axis=-1)
+  found = jnp.any(met, axis=-1)
+  # The bins k, k + 1, ... are those above ε ∈ (l_{k−1}, l_k]: ε in closed form there.
   mask = index >= k[:, None]
   s0 = jnp.sum(jnp.where(mask, window, 0.0), axis=-1)
   s1 = jnp.sum(jnp.where(mask, window * weight, 0.0), axis=-1)
   numerator = p_inf + s0 - delta
-  ok = found & (numerator > 0) & (s1 > 0) & (delta > p_inf)
+  ok = found & (numerator > 0) & (s1 > 0)
+  at_k = (first + k) * interval
   eps = (jnp.log(jnp.where(ok, numerator, 1.0)) - jnp.log(jnp.where(ok, s1, 1.0))
          + (first + n - 1) * interval)
-  at_k = jnp.take_along_axis(losses, k[:, None], axis=-1)[:, 0]
-  # Not in closed form: δ ≤ p_∞ (ε = +inf), or δ met at every point (ε at or below the
-  # window's first point: that point, a bound).
-  eps = jnp.where(ok, jnp.minimum(eps, at_k), jnp.where(delta > p_inf, at_k, jnp.inf))
+  # Not in closed form: δ ≤ p_∞ (ε = +inf), or δ met at the first point (ε at or below it:
+  # that point, a bound).
+  eps = jnp.where(ok, jnp.minimum(eps, at_k), jnp.where(found, at_k, jnp.inf))
   return jnp.maximum(eps, 0.0)
 
 
@@ -295,14 +319,22 @@ def pld_delta_unchecked(q, sigma, t, epsilon, grid):
 # Grid sizes, on the host, from concrete parameters.
 
 
-def _fast_size(n: int) -> int:
-  """The next size ≥ n of the form 2^k or 3·2^k (fast FFTs, few distinct compiled shapes)."""
-  power = 1 << max(0, int(n) - 1).bit_length()
-  return power * 3 // 4 if power * 3 // 4 >= n and power >= 4 else power
+def _fast_size(n: int, multiple: int = 1) -> int:
+  """The smallest multiple of ``multiple`` (a power of two) that is ≥ n and whose quotient has
+  no prime factor above 7 (fast FFTs on CPU and GPU): at most a few percent above n."""
+  m = max(1, -(-int(n) // multiple))
+  while True:
+    r = m
+    for p in (2, 3, 5, 7):
+      while r % p == 0:
+        r //= p
+    if r == 1:
+      return m * multiple
+    m += 1
 
 
 def _host_window(q, sigma, t, tail_mass):
-  """Chernoff quantiles (lower, upper) at ``tail_mass`` of the composed loss, both
+  """Chernoff quantiles (lower at :data:`_LOWER_TAIL_MASS`, upper at ``tail_mass``) of the composed loss, both
   directions, from a quadrature of each step's loss (a size estimate only: the bound used for
   δ is computed in the graph from the discretised PMFs)."""
   lam = np.concatenate([-_LAMBDAS[::-1], _LAMBDAS])
@@ -322,9 +354,8 @@ def _host_window(q, sigma, t, tail_mass):
       log_p = log_p + math.log(dx / (si * math.sqrt(2 * math.pi)))
       k = np.logaddexp.reduce(log_p[None, :] + lam[:, None] * loss[None, :], axis=1)
       k_total += ti * k
-    bound = (k_total - math.log(tail_mass)) / lam
-    highs.append(np.min(bound[lam > 0]))
-    lows.append(np.max(bound[lam < 0]))
+    highs.append(np.min(((k_total - math.log(tail_mass)) / lam)[lam > 0]))
+    lows.append(np.max(((k_total - math.log(_LOWER_TAIL_MASS)) / lam)[lam < 0]))
   return min(lows), max(highs)
 
 
@@ -346,11 +377,178 @@ def grid_for(q, sigma, t, interval=DEFAULT_INTERVAL, tail_mass=DEFAULT_TAIL_MASS
   low, high = _host_window(q, sigma, t, tail_mass)
   # A margin of 5 % and 64 points: the graph's window top (from the discretised PMFs) may sit
   # slightly above the estimate's.
-  bins = _fast_size(int(math.ceil((high - low) / interval * 1.05)) + 64)
+  bins = _fast_size(int(math.ceil((high - low) / interval * 1.05)) + 64, _READ_BLOCK)
   for name, n in (("pmf_bins", pmf_bins), ("bins", bins)):
     if n > MAX_BINS:
       raise ValueError(
           f"the PLD of this schedule needs {n:,} grid points ({name}) at interval {interval:g}, "
           f"more than the {MAX_BINS:,} allowed; use a larger interval (about "
           f"{interval * n / MAX_BINS:.2g}) or accountant='rdp'.")
-  return PldGrid(float(interval), _fast_size(max(pmf_bins, 128)), bins, float(tail_mass))
+  return PldGrid(float(interval), _fast_size(pmf_bins, _BLOCK), bins, float(tail_mass))
+
+
+# ---------------------------------------------------------------------------------------------
+# The public functions: checks, sizes from concrete values, float64.
+
+
+def _host_values(x):
+  """``x``'s values on the host where they are known: a concrete array, or the values under a
+  ``jax.grad`` / ``jax.vmap`` tracer (its primal or batched values, when those are concrete:
+  eager differentiation and vectorisation). None inside ``jax.jit``. The tracer classes'
+  attributes are not public; if they change this returns None and a grid must be passed."""
+  for _ in range(16):
+    if not isinstance(x, jax.core.Tracer):
+      return np.asarray(x, np.float64)
+    x = getattr(x, "primal", getattr(x, "val", None))
+    if x is None:
+      return None
+  return None
+
+
+def pld_grid(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
+             steps: jax.typing.ArrayLike, *, interval: float = DEFAULT_INTERVAL,
+             tail_mass: float = DEFAULT_TAIL_MASS) -> PldGrid:
+  r"""The grid sizes of a PLD computation, from concrete parameters.
+
+  Pass the result as ``pld_grid=`` to :func:`pld_epsilon` (or ``dpsgd_epsilon(...,
+  accountant="pld")``) inside ``jax.jit``, where the parameters are traced and the sizes (array
+  shapes) cannot be read from them. A grid fits every schedule whose steps' loss ranges and
+  composed loss are no wider than those of the schedules it was made for: for a family of
+  schedules, make it for the widest (smallest σ, largest q and T) or pass the whole family
+  (arrays of any shape; the last axis is the phases, leading axes are schedules).
+  A schedule wider than its grid still gets a valid, looser ε (more mass counted as infinite
+  loss), never a smaller one.
+
+  Args:
+    sampling_rate, noise_multiplier, steps: a schedule (scalars or 1-D phase arrays), or
+      schedules (arrays whose last axis is the phases), broadcasting against each other.
+    interval: Δ, the spacing of the loss grid, in (0, 1] (dp_accounting's
+      ``value_discretization_interval``; default 1e-4, its PLDAccountant's).
+    tail_mass: the composed mass above the window aimed at, in (0, 1) (its bound is added to δ).
+
+  Returns:
+    A :class:`PldGrid` (hashable, static under ``jax.jit``).
+
+  Raises:
+    ValueError: an argument outside its range, or a schedule whose PLD would need more than
+      :data:`MAX_BINS` points at this interval (the message names the interval that fits).
+  """
+  validation.check_all(sampling_rate=sampling_rate, noise_multiplier=noise_multiplier,
+                       steps=steps)
+  validation.check("pld_interval", interval, name="interval")
+  validation.check("tail_mass", tail_mass)
+  values = [_host_values(v) for v in (sampling_rate, noise_multiplier, steps)]
+  if any(v is None for v in values):
+    raise TypeError("pld_grid needs concrete parameters (it sets array shapes); call it "
+                    "outside jax.jit.")
+  return grid_for(*values, interval=float(interval), tail_mass=float(tail_mass))
+
+
+def _schedules(q, sigma, t):
+  """Concrete parameters as rows of phases: arrays (S, P) (one row per schedule)."""
+  shape = np.broadcast_shapes(np.shape(q), np.shape(sigma), np.shape(t)) or (1,)
+  return tuple(np.broadcast_to(v, shape).reshape(-1, shape[-1]) for v in (q, sigma, t))
+
+
+def _phases(sampling_rate, noise_multiplier, steps, what):
+  """Checked float64 phase arrays (q, σ, T), T whole numbers (eagerly)."""
+  q, sigma, t = composition.schedule_phases(sampling_rate, noise_multiplier, steps)
+  if q.dtype != np.float64:
+    raise TypeError(
+        f"{what} computes in float64 only, got {np.dtype(q.dtype).name} arguments: float32 cannot "
+        "resolve the PLD's bin masses (see jaxrdp.accounting.pld). Enable 64-bit JAX "
+        "(jax.config.update('jax_enable_x64', True)) or use accountant='rdp'.")
+  if validation.is_concrete(t) and np.any(np.asarray(t) != np.floor(np.asarray(t))):
+    raise ValueError(f"steps must be whole numbers for the PLD accountant; got "
+                     f"{np.asarray(t)[np.asarray(t) != np.floor(np.asarray(t))].ravel()[0]!r}.")
+  return q, sigma, t
+
+
+def _grid_of(q, sigma, t, given):
+  """The grid passed, or one sized from the parameters' values where they are known."""
+  if given is not None:
+    if not isinstance(given, PldGrid):
+      raise TypeError(f"pld_grid must be a PldGrid (from jaxrdp.pld_grid), got {given!r}.")
+    return given
+  values = [_host_values(v) for v in (q, sigma, t)]
+  if any(v is None for v in values):
+    raise ValueError(
+        "the PLD accountant's array sizes depend on the parameters' values, which are traced "
+        "here (inside jax.jit): pass pld_grid=jaxrdp.pld_grid(sampling_rate, noise_multiplier, "
+        "steps) computed outside, for the widest schedule the function will see.")
+  rows = _schedules(*values)
+  grids = [grid_for(*row) for row in zip(*rows)]
+  return PldGrid(DEFAULT_INTERVAL, max(g.pmf_bins for g in grids), max(g.bins for g in grids),
+                 DEFAULT_TAIL_MASS)
+
+
+def _valid(q, sigma, t, other, other_domain):
+  """The jit-side mask: every argument in its domain and T whole (NaN otherwise)."""
+  return (jnp.all(validation.in_domain("sampling_rate", q))
+          & jnp.all(validation.in_domain("noise_multiplier", sigma))
+          & jnp.all(validation.in_domain("steps", t)) & jnp.all(t == jnp.floor(t))
+          & validation.in_domain(other_domain, other))
+
+
+def pld_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
+                steps: jax.typing.ArrayLike, delta: jax.typing.ArrayLike, *,
+                pld_grid: PldGrid | None = None) -> jax.Array:
+  r"""ε(δ) of DP-SGD with Poisson sampling by its privacy-loss distribution (tight accounting).
+
+  The larger ε of the add and the remove direction, each from the pessimistic
+  (connect-the-dots) discretisation of its PLD, composed over the schedule by FFT (see the
+  module docstring): never below the true ε of the mechanism, within the discretisation's
+  allowance above it (at the default Δ = 1e-4, within 0.01 % of dp_accounting's
+  ``PLDAccountant`` on the tested box).
+
+  Args:
+    sampling_rate: q in [0, 1], a scalar or a 1-D schedule (one entry per phase).
+    noise_multiplier: σ ≥ 0, scalar or 1-D.
+    steps: steps per phase, whole numbers ≥ 0, scalar or 1-D.
+    delta: δ in (0, 1).
+    pld_grid: the static sizes (:func:`pld_grid`); default: sized from the parameters, which
+      must then be concrete (eager calls, and eager ``jax.grad`` / ``jax.vmap``). Required
+      inside ``jax.jit``.
+
+  Returns:
+    ε, a float64 scalar (+inf when δ is below the mass of infinite loss). Jittable,
+    vmappable, differentiable in q, σ (every phase's) and δ: the bin masses are smooth in
+    (q, σ) on the fixed grid, and ε is in closed form on the grid interval that holds it
+    (the implicit derivative of δ(ε) = δ). NaN under jit for invalid arguments.
+
+  Raises:
+    ValueError: an argument outside its range, non-integer steps, a schedule too wide for
+      :data:`MAX_BINS`, or traced parameters without ``pld_grid``.
+    TypeError: float32 arguments (float64 only: enable ``jax_enable_x64``).
+
+  References:
+    Koskela, Jälkö, Honkela, AISTATS 2020 (FFT accountant); Doroshenko, Ghazi, Kamath, Kumar,
+    Manurangsi, PETS 2022 (connect the dots); Zhu, Dong, Wang, AISTATS 2022, Thm. 11
+    (the dominating pairs of the Poisson-subsampled Gaussian).
+  """
+  validation.check_all(sampling_rate=sampling_rate, noise_multiplier=noise_multiplier,
+                       steps=steps, delta=delta)
+  q, sigma, t = _phases(sampling_rate, noise_multiplier, steps, "the PLD accountant")
+  grid = _grid_of(q, sigma, t, pld_grid)
+  delta = validation.to_device(delta, np.float64)
+  eps = pld_epsilon_unchecked(q, sigma, t, delta, grid)
+  return jnp.where(_valid(q, sigma, t, delta, "delta"), eps, jnp.nan)
+
+
+def pld_delta(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
+              steps: jax.typing.ArrayLike, epsilon: jax.typing.ArrayLike, *,
+              pld_grid: PldGrid | None = None) -> jax.Array:
+  r"""δ(ε) of DP-SGD with Poisson sampling by its privacy-loss distribution: the larger of the
+  two directions' hockey-stick divergences, never below the true δ (see :func:`pld_epsilon`
+  for the arguments; ``epsilon`` ≥ 0 replaces ``delta``).
+
+  Returns:
+    δ in [0, 1], a float64 scalar. Jittable, vmappable, differentiable in q, σ and ε.
+  """
+  validation.check_all(sampling_rate=sampling_rate, noise_multiplier=noise_multiplier,
+                       steps=steps, epsilon=epsilon)
+  q, sigma, t = _phases(sampling_rate, noise_multiplier, steps, "the PLD accountant")
+  grid = _grid_of(q, sigma, t, pld_grid)
+  epsilon = validation.to_device(epsilon, np.float64)
+  delta = pld_delta_unchecked(q, sigma, t, epsilon, grid)
+  return jnp.where(_valid(q, sigma, t, epsilon, "epsilon"), delta, jnp.nan)
