@@ -14,6 +14,7 @@ from jaxrdp.mechanisms.gaussian import rdp_gaussian
 from jaxrdp.mechanisms.laplace import rdp_laplace
 from jaxrdp.training.microbatch import ClippedGradSum, clipped_grad_sum
 from jaxrdp.accounting.orders import DEFAULT_ORDERS
+from jaxrdp.accounting.pld import PldGrid, pld_delta, pld_epsilon, pld_grid
 from jaxrdp.mechanisms.randomized_response import rdp_randomized_response
 from jaxrdp.mechanisms.relative_gaussian import rdp_relative_gaussian
 from jaxrdp.mechanisms.sampled_gaussian import log_a, rdp_sampled_gaussian
@@ -75,6 +76,10 @@ __all__ = [
     "epsilon_trajectory",
     "log_a",
     "optimize_schedule",
+    "pld_delta",
+    "pld_epsilon",
+    "pld_grid",
+    "PldGrid",
     "poisson_max_batch_size",
     "poisson_overflow_probability",
     "poisson_sample",

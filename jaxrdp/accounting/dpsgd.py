@@ -42,6 +42,7 @@ from jaxrdp.accounting.composition import schedule_phases
 from jaxrdp.accounting import conversion
 from jaxrdp.mechanisms import sampled_gaussian
 from jaxrdp.accounting import order_search
+from jaxrdp.accounting import pld
 from jaxrdp.accounting.order_search import grid_epsilon
 from jaxrdp.accounting.conversion import compute_epsilon, epsilon_at_orders
 from jaxrdp.accounting.orders import DEFAULT_ORDERS
@@ -81,7 +82,8 @@ def _epsilon_at(q, sigma, t, delta, alpha):
 def dpsgd_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
                   steps: jax.typing.ArrayLike, delta: jax.typing.ArrayLike, *,
                   orders: jax.typing.ArrayLike | None = None,
-                  refine_order: bool = True, method: str = "improved") -> jax.Array:
+                  refine_order: bool = True, method: str = "improved",
+                  accountant: str = "rdp", pld_grid: pld.PldGrid | None = None) -> jax.Array:
   r"""ε of DP-SGD with Poisson sampling, for a constant or phased schedule.
 
   Args:
@@ -96,6 +98,13 @@ def dpsgd_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typ
       (Mironov 2017, Prop. 3), what TF Privacy's tutorials and Abadi et al. 2016 reported: to
       reconcile with published numbers. The classic value is taken on the order grid
       (``refine_order`` does not apply) and is never smaller than the improved one.
+    accountant: ``"rdp"`` (the default: exact RDP at every order, the fastest path, float32
+      and float64) or ``"pld"``: the privacy-loss distribution of the schedule
+      (:func:`jaxrdp.pld_epsilon`), tight where RDP is loose (small q and ε ≲ 2: RDP's ε is
+      up to ~3x the PLD's), float64 only, steps whole numbers. ``orders``, ``refine_order``
+      and ``method`` belong to the RDP accountant.
+    pld_grid: with ``accountant="pld"`` inside ``jax.jit``, the static grid sizes
+      (:func:`jaxrdp.pld_grid`); sized from the arguments otherwise.
 
   Returns:
     ε (a scalar in the inputs' dtype). Jittable; differentiable with respect to
@@ -117,6 +126,9 @@ def dpsgd_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typ
     Balle et al. 2020, Thm. 21 (conversion); Mironov 2017, Prop. 3 (classic conversion).
   """
   validation.check_choice("method", method, conversion.METHODS)
+  if use_pld(accountant, orders=orders, refine_order=refine_order, method=method,
+              pld_grid=pld_grid):
+    return pld.pld_epsilon(sampling_rate, noise_multiplier, steps, delta, pld_grid=pld_grid)
   validation.check_all(sampling_rate=sampling_rate, noise_multiplier=noise_multiplier,
                        steps=steps, delta=delta)
   q, sigma, t = schedule_phases(sampling_rate, noise_multiplier, steps)
@@ -130,6 +142,26 @@ def dpsgd_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typ
     valid = validation.in_domain("delta", delta) & ~jnp.any(jnp.isnan(rdp))
     return jnp.where(valid, eps, jnp.nan)
   return dpsgd_epsilon_unchecked(q, sigma, t, delta, grid, refine_order)
+
+
+ACCOUNTANTS = ("rdp", "pld")
+_RDP_DEFAULTS = {"orders": None, "refine_order": True, "method": "improved", "max_steps": None}
+
+
+def use_pld(accountant, pld_grid=None, **rdp_options) -> bool:
+  """Whether ``accountant`` is "pld" (ValueError for another name, for RDP options given with
+  the PLD accountant, and for a PLD grid given with the RDP one: nothing is ignored)."""
+  validation.check_choice("accountant", accountant, ACCOUNTANTS)
+  if accountant == "pld":
+    given = [k for k, v in rdp_options.items() if v is not _RDP_DEFAULTS[k]
+             and not (k == "method" and v == "improved")]
+    if given:
+      raise ValueError(f"{', '.join(given)} apply to accountant='rdp' only; "
+                       f"accountant='pld' got {', '.join(f'{k}={rdp_options[k]!r}' for k in given)}.")
+    return True
+  if pld_grid is not None:
+    raise ValueError("pld_grid applies to accountant='pld' only.")
+  return False
 
 
 def dpsgd_epsilon_unchecked(q, sigma, t, delta, grid, refine_order):
@@ -548,7 +580,8 @@ def _first_without_fallback(fn, *args):
 
 def calibrate_noise_multiplier(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.ArrayLike,
                                sampling_rate: jax.typing.ArrayLike, steps: jax.typing.ArrayLike, *,
-                               orders: jax.typing.ArrayLike | None = None) -> jax.Array:
+                               orders: jax.typing.ArrayLike | None = None,
+                               accountant: str = "rdp") -> jax.Array:
   r"""Smallest noise multiplier σ in [1e-4, 1e8] whose ε is at most ``target_epsilon`` (safe side).
 
   ε is non-increasing in σ; the answer is found in log σ on the grid-order ε (so that it is
@@ -565,6 +598,11 @@ def calibrate_noise_multiplier(target_epsilon: jax.typing.ArrayLike, delta: jax.
     sampling_rate: q in [0, 1], a scalar or a 1-D schedule (one entry per phase).
     steps: steps ≥ 0, a scalar or a 1-D schedule (broadcasting with ``sampling_rate``).
     orders: the order grid (default :data:`jaxrdp.DEFAULT_ORDERS`).
+    accountant: ``"rdp"`` (default) or ``"pld"`` (:func:`jaxrdp.pld_epsilon`: tight, so a
+      smaller σ for the same guarantee; float64, eager calls only). The PLD search starts
+      from the RDP answer (safe for PLD too) and returns a σ whose PLD ε, as
+      ``dpsgd_epsilon(..., accountant="pld")`` computes it, was checked to be ≤ the target,
+      within 1e-7 relative of the smallest such σ.
 
   Returns:
     σ, a scalar in the inputs' dtype (NaN under jit where no σ ≤ 1e8 reaches the target).
@@ -575,6 +613,10 @@ def calibrate_noise_multiplier(target_epsilon: jax.typing.ArrayLike, delta: jax.
   """
   validation.check_all(target_epsilon=target_epsilon, sampling_rate=sampling_rate, steps=steps,
                        delta=delta)
+  if use_pld(accountant, orders=orders):
+    safe = calibrate_noise_multiplier(target_epsilon, delta, sampling_rate, steps)
+    return _pld_calibration("noise_multiplier", target_epsilon, delta, safe,
+                            sampling_rate=sampling_rate, steps=steps)
   q, _, t = schedule_phases(sampling_rate, 1.0, steps)
   grid = order_grid(orders, q.dtype)
   target, delta = (validation.to_device(v, q.dtype) for v in (target_epsilon, delta))
@@ -667,7 +709,8 @@ def _calibrate_sigma_on_grid(target, delta, q, t, grid, tables, fallback, split)
 
 def calibrate_sampling_rate(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.ArrayLike,
                             noise_multiplier: jax.typing.ArrayLike, steps: jax.typing.ArrayLike, *,
-                            orders: jax.typing.ArrayLike | None = None) -> jax.Array:
+                            orders: jax.typing.ArrayLike | None = None,
+                            accountant: str = "rdp") -> jax.Array:
   r"""Largest sampling rate q in (0, 1] whose ε is at most ``target_epsilon`` (safe side).
 
   ε is non-decreasing in q; bracketed regula falsi in log q on the grid-order ε, to a bracket
@@ -680,6 +723,9 @@ def calibrate_sampling_rate(target_epsilon: jax.typing.ArrayLike, delta: jax.typ
     noise_multiplier: σ ≥ 0, a scalar or a 1-D schedule (one entry per phase).
     steps: steps ≥ 0, a scalar or a 1-D schedule (broadcasting with ``noise_multiplier``).
     orders: the order grid (default :data:`jaxrdp.DEFAULT_ORDERS`).
+    accountant: ``"rdp"`` (default) or ``"pld"`` (tight; float64, eager calls only; the q
+      returned was checked with ``dpsgd_epsilon(..., accountant="pld")``, within 1e-7
+      relative of the largest such q).
 
   Returns:
     q, a scalar in the inputs' dtype (NaN under jit where no q > 1e-12 reaches the target).
@@ -690,6 +736,10 @@ def calibrate_sampling_rate(target_epsilon: jax.typing.ArrayLike, delta: jax.typ
   """
   validation.check_all(target_epsilon=target_epsilon, noise_multiplier=noise_multiplier,
                        steps=steps, delta=delta)
+  if use_pld(accountant, orders=orders):
+    safe = calibrate_sampling_rate(target_epsilon, delta, noise_multiplier, steps)
+    return _pld_calibration("sampling_rate", target_epsilon, delta, safe,
+                            noise_multiplier=noise_multiplier, steps=steps)
   _, sigma, t = schedule_phases(0.5, noise_multiplier, steps)
   grid = order_grid(orders, sigma.dtype)
   target, delta = (validation.to_device(v, sigma.dtype) for v in (target_epsilon, delta))
@@ -730,7 +780,8 @@ def _calibrate_q_on_grid(target, delta, sigma, t, grid, tables, fallback, split)
 def calibrate_steps(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.ArrayLike,
                     sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike, *,
                     max_steps: int = 10 ** 9,
-                    orders: jax.typing.ArrayLike | None = None) -> jax.Array:
+                    orders: jax.typing.ArrayLike | None = None,
+                    accountant: str = "rdp") -> jax.Array:
   r"""Largest whole number of steps whose ε is at most ``target_epsilon`` (safe side).
 
   ε is non-decreasing in the step count; integer bisection on [0, max_steps]. Returns 0 when
@@ -744,6 +795,8 @@ def calibrate_steps(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.Arra
     noise_multiplier: σ ≥ 0, a scalar.
     max_steps: the largest step count searched, ≥ 1 (static).
     orders: the order grid (default :data:`jaxrdp.DEFAULT_ORDERS`).
+    accountant: ``"rdp"`` (default) or ``"pld"`` (tight; float64, eager calls only; the
+      count returned was checked with ``dpsgd_epsilon(..., accountant="pld")``).
 
   Returns:
     The step count, a scalar in the inputs' dtype (0 under jit where not even one step
@@ -756,6 +809,11 @@ def calibrate_steps(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.Arra
   validation.check_all(target_epsilon=target_epsilon, sampling_rate=sampling_rate,
                        noise_multiplier=noise_multiplier, delta=delta)
   max_steps = validation.check_int("max_steps", max_steps, lo=1)
+  if use_pld(accountant, orders=orders):
+    safe = calibrate_steps(target_epsilon, delta, sampling_rate, noise_multiplier,
+                           max_steps=max_steps)
+    return _pld_calibration("steps", target_epsilon, delta, safe, sampling_rate=sampling_rate,
+                            noise_multiplier=noise_multiplier, max_steps=max_steps)
   q, sigma, _ = schedule_phases(sampling_rate, noise_multiplier, 1.0)
   if q.shape != (1,):
     raise ValueError("calibrate_steps takes a constant sampling_rate and noise_multiplier.")
@@ -785,3 +843,70 @@ def _calibrate_steps(target, delta, per_step, grid, max_steps):
   lo, hi = jnp.asarray(0.0, per_step.dtype), jnp.asarray(max_steps + 1, per_step.dtype)
   lo, _ = lax.fori_loop(0, 64, body, (lo, hi))
   return lo
+
+
+# ---------------------------------------------------------------------------------------------
+# Calibration with the PLD accountant.
+
+
+def _pld_calibration(unknown, target, delta, safe, max_steps=None, **fixed):
+  """The calibration of ``unknown`` (noise_multiplier, sampling_rate or steps) on the PLD ε.
+
+  ``safe`` is the RDP calibration's answer: RDP's ε bounds the PLD's (both are upper bounds of
+  the same ε, and the PLD's is the tight one), so it meets the target under PLD too and is
+  one end of the bracket. The other end is found by doubling away from it until the target
+  is missed. One grid, sized for the widest schedule of the bracket, serves every evaluation
+  of the search (one compiled program: the value being calibrated is an argument, not a
+  shape); the search is the safe-side regula falsi of :func:`_host_boundary` in log σ or
+  log q, and a bisection for the step count. The answer is then checked with the grid that
+  ``dpsgd_epsilon(..., accountant="pld")`` sizes for it, and moved toward ``safe`` by 1e-7
+  relative (one step) until it meets the target there."""
+  values = {k: np.asarray(v, np.float64) for k, v in fixed.items()}
+  if not validation.is_concrete((target, delta, safe, values)):
+    raise ValueError("calibration with accountant='pld' runs eagerly (its grid sizes depend on "
+                     "the values); call it outside jax.jit.")
+  target, delta, safe = float(target), float(delta), float(safe)
+  as_schedule = {"noise_multiplier": lambda v: (values["sampling_rate"], v, values["steps"]),
+                 "sampling_rate": lambda v: (v, values["noise_multiplier"], values["steps"]),
+                 "steps": lambda v: (values["sampling_rate"], values["noise_multiplier"], v)}[unknown]
+  # ε grows with q and T and falls with σ: "outward" is the direction that raises ε.
+  outward = {"noise_multiplier": 0.5, "sampling_rate": 2.0, "steps": 2.0}[unknown]
+  limit = {"noise_multiplier": _SIGMA_MIN, "sampling_rate": 1.0,
+           "steps": float(max_steps or 0)}[unknown]
+  clip = min if outward > 1 else max
+
+  def epsilon(v, grid=None):
+    q, sigma, t = pld.checked_phases(*as_schedule(np.float64(v)), "calibration with accountant='pld'")
+    return float(pld.pld_epsilon_unchecked(q, sigma, t, np.float64(delta),
+                                           pld.grid_of(q, sigma, t, grid)))
+
+  far = safe
+  while True:   # the bracket's far end: the first value (doubling) that misses the target
+    nxt = clip(far * outward, limit)
+    if unknown == "steps":
+      nxt = float(math.floor(nxt))
+    grid = pld.grid_of(*pld.checked_phases(*as_schedule(np.float64(nxt)), "calibration"), None)
+    if nxt == far or epsilon(nxt, grid) > target:
+      break
+    far = nxt
+  if nxt == far:   # the limit itself meets the target (q = 1, max_steps, σ = 1e-4)
+    return validation.to_device(far, np.float64)
+  near, far = far, nxt
+  if unknown == "steps":
+    lo, hi = near, far   # ok(lo), not ok(hi)
+    while hi - lo > 1:
+      mid = math.floor((lo + hi) / 2)
+      lo, hi = (mid, hi) if epsilon(mid, grid) <= target else (lo, mid)
+    answer, step = lo, lambda v: v - 1
+  else:
+    sign = 1.0 if unknown == "noise_multiplier" else -1.0   # s grows toward "ok"
+    g = lambda s: math.log(epsilon(math.exp(sign * s), grid) / target)
+    ends = sorted((sign * math.log(near), sign * math.log(far)))
+    s, found = _host_boundary(g, np.float64(sign * math.log(near)), ends[0], ends[1], np.float64)
+    answer = math.exp(sign * float(s)) if found else near
+    step = lambda v: v * (1 + 1e-7) if unknown == "noise_multiplier" else v * (1 - 1e-7)
+  for _ in range(64):   # the check with dpsgd_epsilon's own grid for the answer
+    if epsilon(answer) <= target:
+      return validation.to_device(answer, np.float64)
+    answer = step(answer)
+  return validation.to_device(safe, np.float64)

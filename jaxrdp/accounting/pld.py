@@ -450,7 +450,7 @@ def _schedules(q, sigma, t):
   return tuple(np.broadcast_to(v, shape).reshape(-1, shape[-1]) for v in (q, sigma, t))
 
 
-def _phases(sampling_rate, noise_multiplier, steps, what):
+def checked_phases(sampling_rate, noise_multiplier, steps, what):
   """Checked float64 phase arrays (q, σ, T), T whole numbers (eagerly)."""
   q, sigma, t = composition.schedule_phases(sampling_rate, noise_multiplier, steps)
   if q.dtype != np.float64:
@@ -464,7 +464,7 @@ def _phases(sampling_rate, noise_multiplier, steps, what):
   return q, sigma, t
 
 
-def _grid_of(q, sigma, t, given):
+def grid_of(q, sigma, t, given):
   """The grid passed, or one sized from the parameters' values where they are known."""
   if given is not None:
     if not isinstance(given, PldGrid):
@@ -528,8 +528,8 @@ def pld_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typin
   """
   validation.check_all(sampling_rate=sampling_rate, noise_multiplier=noise_multiplier,
                        steps=steps, delta=delta)
-  q, sigma, t = _phases(sampling_rate, noise_multiplier, steps, "the PLD accountant")
-  grid = _grid_of(q, sigma, t, pld_grid)
+  q, sigma, t = checked_phases(sampling_rate, noise_multiplier, steps, "the PLD accountant")
+  grid = grid_of(q, sigma, t, pld_grid)
   delta = validation.to_device(delta, np.float64)
   eps = pld_epsilon_unchecked(q, sigma, t, delta, grid)
   return jnp.where(_valid(q, sigma, t, delta, "delta"), eps, jnp.nan)
@@ -547,8 +547,8 @@ def pld_delta(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.
   """
   validation.check_all(sampling_rate=sampling_rate, noise_multiplier=noise_multiplier,
                        steps=steps, epsilon=epsilon)
-  q, sigma, t = _phases(sampling_rate, noise_multiplier, steps, "the PLD accountant")
-  grid = _grid_of(q, sigma, t, pld_grid)
+  q, sigma, t = checked_phases(sampling_rate, noise_multiplier, steps, "the PLD accountant")
+  grid = grid_of(q, sigma, t, pld_grid)
   epsilon = validation.to_device(epsilon, np.float64)
   delta = pld_delta_unchecked(q, sigma, t, epsilon, grid)
   return jnp.where(_valid(q, sigma, t, epsilon, "epsilon"), delta, jnp.nan)

@@ -55,7 +55,9 @@ import jax.numpy as jnp
 import optax
 
 from jaxrdp._internal import validation
+from jaxrdp.accounting import pld
 from jaxrdp.accounting.composition import rdp_curve
+from jaxrdp.accounting.dpsgd import use_pld
 from jaxrdp.accounting.conversion import compute_epsilon
 from jaxrdp.training import accountant as rdp_accountant
 from jaxrdp.training.microbatch import ClippedGradSum, batch_size_of, clip_and_sum
@@ -513,7 +515,8 @@ def rdp_spent(opt_state) -> tuple[jax.Array, jax.Array]:
 
 
 def privacy_spent(opt_state, delta: jax.typing.ArrayLike, *,
-                  orders: jax.typing.ArrayLike | None = None) -> tuple[jax.Array, jax.Array]:
+                  orders: jax.typing.ArrayLike | None = None, accountant: str = "rdp",
+                  pld_grid: pld.PldGrid | None = None) -> tuple[jax.Array, jax.Array]:
   r"""(ε, order): the (ε, δ)-DP guarantee of the training so far.
 
   Finds the single :class:`DifferentiallyPrivateAggregateState` in ``opt_state`` (error if
@@ -527,9 +530,19 @@ def privacy_spent(opt_state, delta: jax.typing.ArrayLike, *,
     delta: δ in (0, 1) (a scalar or an array of δ values).
     orders: optional subset of the accountant's orders to minimise over (each must be one of
       them); default: all of them.
+    accountant: ``"rdp"`` (default: the state's accumulated RDP) or ``"pld"``: the tight ε
+      of the run by its privacy-loss distribution (:func:`jaxrdp.pld_epsilon`; float64).
+      The state keeps the current (q, σ) and its step count, and sums closed segments as
+      RDP: a run at constant (q, σ) is accounted exactly; after a change of (q, σ) (a
+      schedule) the phases are no longer in the state, and the PLD is refused with a
+      ValueError (``dpsgd_epsilon(q_phases, σ_phases, steps_phases, δ,
+      accountant="pld")`` accounts a schedule). Under ``jax.jit`` with a traced state, pass
+      ``pld_grid`` (:func:`jaxrdp.pld_grid`), and a schedule is not detected: ε is then NaN.
+    pld_grid: the static grid sizes for ``accountant="pld"`` under ``jax.jit``.
 
   Returns:
-    ``(epsilon, order)``. ε = +inf for a non-private run (σ = 0).
+    ``(epsilon, order)``. ε = +inf for a non-private run (σ = 0). With ``accountant="pld"``
+    the order is NaN (there is none).
 
   Raises:
     ValueError: an argument outside its range (the message names it, the range and the
@@ -540,6 +553,8 @@ def privacy_spent(opt_state, delta: jax.typing.ArrayLike, *,
   References:
     Balle et al., AISTATS 2020, Thm. 21; Mironov 2017, Prop. 1 and 3.
   """
+  if use_pld(accountant, orders=orders, pld_grid=pld_grid):
+    return _pld_spent(_find_accountant(opt_state).accountant, delta, pld_grid)
   state_orders, rdp = rdp_spent(opt_state)
   if orders is not None:
     validation.check("orders", orders)
@@ -553,3 +568,21 @@ def privacy_spent(opt_state, delta: jax.typing.ArrayLike, *,
     # Orders not asked for are marked NaN, which compute_epsilon skips.
     rdp = jnp.where(jnp.any(hit, axis=0), rdp, jnp.nan)
   return compute_epsilon(state_orders, rdp, delta)
+
+
+def _pld_spent(state: rdp_accountant.RdpAccountantState, delta, grid):
+  """(ε by the PLD, NaN) of an accountant whose steps are one (q, σ) segment."""
+  validation.check("delta", delta)
+  q, sigma = (jnp.asarray(v, jnp.float64) for v in state.mechanism)
+  steps = state.segment_steps.astype(jnp.float64)
+  one_segment = jnp.all(state.rdp == 0) & jnp.all(state.rdp_compensation == 0)
+  if validation.is_concrete((state, one_segment)) and not bool(one_segment):
+    raise ValueError("accountant='pld' needs a run at one (sampling_rate, noise_multiplier): this "
+                     "state changed them (a schedule), and keeps the earlier phases only as RDP. "
+                     "Account the schedule with jaxrdp.dpsgd_epsilon(q_phases, sigma_phases, "
+                     "steps_phases, delta, accountant='pld'), or use accountant='rdp'.")
+  no_steps = state.segment_steps == 0
+  # Before the first step θ is NaN: a zero-step schedule at a placeholder (q, σ), ε = 0.
+  q, sigma = jnp.where(no_steps, 0.0, q), jnp.where(no_steps, 1.0, sigma)
+  eps = pld.pld_epsilon(q, sigma, steps, delta, pld_grid=grid)
+  return jnp.where(one_segment, eps, jnp.nan), jnp.asarray(jnp.nan, eps.dtype)
