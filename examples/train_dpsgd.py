@@ -72,7 +72,8 @@ def accuracy(params, x, y):
 
 
 def train_private(args, train, test, progress=True):
-  """DP-SGD; returns the per-epoch history [(epoch, test accuracy, ε, δ_total)]."""
+  """DP-SGD; returns the per-epoch history [(epoch, test accuracy, ε, δ_total)] and a dict of
+  the run's sampling rate, steps per epoch, max batch size and final optimizer state."""
   x_train, y_train = jnp.asarray(train[0]), jnp.asarray(train[1])
   n = x_train.shape[0]
   q = args.batch_size / n
@@ -108,7 +109,8 @@ def train_private(args, train, test, progress=True):
     if progress:
       tqdm.write(f"epoch {e:3d}  test accuracy {acc:.4f}  eps {eps:.3f} at delta "
                  f"{args.delta:g} + {extra:.1e} (truncation)")
-  return history, dict(sampling_rate=q, steps_per_epoch=steps_per_epoch, max_batch_size=max_batch)
+  return history, dict(sampling_rate=q, steps_per_epoch=steps_per_epoch, max_batch_size=max_batch,
+                       opt_state=state)
 
 
 def train_nonprivate(args, train, test, progress=True):

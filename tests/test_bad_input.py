@@ -124,7 +124,31 @@ def _state():
 SCHEDULE_2D = Bad(np.full((2, 2), 0.01), ValueError, "2-D schedule")
 MISMATCHED = Bad(np.array([0.01, 0.02, 0.03]), ValueError, "schedules of different lengths")
 
+BAD_ACCOUNTANT = [Bad("bogus", ValueError, "unknown accountant")]
+NOT_A_GRID = [Bad((1e-4, 128, 512, 1e-15), TypeError, "a tuple, not a PldGrid")]
+
+
+def _pld_api(fn, last, last_value, last_bad):
+  """A PLD accountant function: the schedule's arguments, then ``last`` (delta or epsilon)."""
+  return Api(fn, {"sampling_rate": 0.01, "noise_multiplier": 1.0, "steps": 100, last: last_value},
+             {"sampling_rate": real(0.01, lo=0, hi=1) + [SCHEDULE_2D],
+              "noise_multiplier": real(1.0, lo=0) + [clash([1.0, 2.0], sampling_rate=[0.1, 0.2, 0.3])],
+              "steps": real(100, lo=0) + [Bad(2.5, ValueError, "not a whole number")],
+              last: last_bad, "pld_grid": NOT_A_GRID})
+
+
 TABLE = {
+    "pld_epsilon": _pld_api(jaxrdp.pld_epsilon, "delta", 1e-5,
+                            real(1e-5, lo=0, hi=1, lo_open=True, hi_open=True)),
+    "pld_delta": _pld_api(jaxrdp.pld_delta, "epsilon", 1.0, real(1.0, lo=0, inf_ok=True)),
+    "pld_grid": Api(
+        jaxrdp.pld_grid,
+        dict(sampling_rate=0.01, noise_multiplier=1.0, steps=100, interval=1e-4, tail_mass=1e-15),
+        dict(sampling_rate=real(0.01, lo=0, hi=1),
+             noise_multiplier=real(1.0, lo=0),
+             steps=real(100, lo=0),
+             interval=real(1e-4, lo=0, hi=1, lo_open=True),
+             tail_mass=real(1e-15, lo=0, hi=1, lo_open=True, hi_open=True))),
     "calibrate_noise_multiplier": Api(
         jaxrdp.calibrate_noise_multiplier,
         dict(target_epsilon=2.0, delta=1e-5, sampling_rate=0.01, steps=1000, orders=[2.0, 8.0]),
@@ -132,7 +156,8 @@ TABLE = {
              delta=real(1e-5, lo=0, hi=1, lo_open=True, hi_open=True),
              sampling_rate=real(0.01, lo=0, hi=1) + [SCHEDULE_2D],
              steps=real(1000, lo=0) + [clash([10, 20, 30], sampling_rate=[0.01, 0.02])],
-             orders=real(2.0, lo=1, inf_ok=True, none_ok=True) + [ORDERS_2D])),
+             orders=real(2.0, lo=1, inf_ok=True, none_ok=True) + [ORDERS_2D],
+             accountant=BAD_ACCOUNTANT)),
     "calibrate_sampling_rate": Api(
         jaxrdp.calibrate_sampling_rate,
         dict(target_epsilon=2.0, delta=1e-5, noise_multiplier=1.0, steps=1000, orders=[2.0, 8.0]),
@@ -140,7 +165,8 @@ TABLE = {
              delta=real(1e-5, lo=0, hi=1, lo_open=True, hi_open=True),
              noise_multiplier=real(1.0, lo=0) + [SCHEDULE_2D],
              steps=real(1000, lo=0),
-             orders=real(2.0, lo=1, inf_ok=True, none_ok=True) + [ORDERS_2D])),
+             orders=real(2.0, lo=1, inf_ok=True, none_ok=True) + [ORDERS_2D],
+             accountant=BAD_ACCOUNTANT)),
     "calibrate_steps": Api(
         jaxrdp.calibrate_steps,
         dict(target_epsilon=2.0, delta=1e-5, sampling_rate=0.01, noise_multiplier=1.0,
@@ -221,7 +247,8 @@ TABLE = {
              noise_multiplier=real(1.0, lo=0) + [clash([1.0, 2.0], sampling_rate=[0.1, 0.2, 0.3])],
              steps=real(100, lo=0) + [clash([1, 2, 3], noise_multiplier=[1.0, 2.0])],
              delta=real(1e-5, lo=0, hi=1, lo_open=True, hi_open=True),
-             orders=real(2.0, lo=1, inf_ok=True, none_ok=True))),
+             orders=real(2.0, lo=1, inf_ok=True, none_ok=True),
+             accountant=BAD_ACCOUNTANT)),
     "epsilon_trajectory": Api(
         jaxrdp.epsilon_trajectory,
         dict(sampling_rate=0.01, noise_multiplier=1.0, steps=100, delta=1e-5, at_steps=[10, 100],
@@ -289,7 +316,8 @@ TABLE = {
                         Bad(None, ValueError, "None")],
              delta=real(1e-5, lo=0, hi=1, lo_open=True, hi_open=True),
              orders=real(2.0, lo=1, inf_ok=True, none_ok=True)
-             + [Bad([3.0], ValueError, "not an accountant order")])),
+             + [Bad([3.0], ValueError, "not an accountant order")],
+             accountant=BAD_ACCOUNTANT)),
     "pure_dp_to_zcdp": Api(
         jaxrdp.pure_dp_to_zcdp,
         dict(epsilon=1.0),
@@ -388,7 +416,7 @@ EXCLUDED = {
     # NamedTuple containers without behaviour; what they hold is validated where it is consumed
     # (ClippedGradSum by differentially_private_aggregate, see test_clipped_grad_sum_is_checked_...).
     "ClippedGradSum", "DifferentiallyPrivateAggregateState", "RelativeGaussianNoiseState",
-    "ScheduleResult",
+    "ScheduleResult", "PldGrid",
     # A constant (test_default_orders_are_read_only).
     "DEFAULT_ORDERS",
 }
@@ -542,6 +570,10 @@ CLI_EXTRA = [   # (argv, flag named in the message)
     (["epsilon", "--orders", "abc"], "--orders"), (["epsilon", "--orders", ""], "--orders"),
     (["epsilon", "--orders", "2,,3"], "--orders"),
     (["plot", "--out", "/nonexistent-dir/eps.png"], "--out"),
+    (["epsilon", "--accountant", "bogus"], "--accountant"),
+    (["epsilon", "--accountant", "pld", "--orders", "2,3"], "--orders"),
+    (["calibrate", "--accountant", "tight"], "--accountant"),
+    (["dpsgd", "--accountant", ""], "--accountant"),
 ]
 
 
@@ -581,7 +613,9 @@ def test_cli_table_covers_every_subcommand_and_flag():
   assert set(commands) - covered <= {"sweep"}   # being written now, with its own tests
   for cmd in CLI_VALID:
     flags = {o for a in commands[cmd]._actions for o in a.option_strings if o.startswith("--")}
-    assert flags - {"--help", "--json"} == set(CLI_VALID[cmd]) | ({"--orders"} if cmd == "epsilon" else set())
+    optional = ({"--orders"} if cmd == "epsilon" else set()) | (
+        {"--accountant"} if cmd in ("epsilon", "calibrate", "dpsgd") else set())
+    assert flags - {"--help", "--json"} == set(CLI_VALID[cmd]) | optional
 
 
 def test_counts():

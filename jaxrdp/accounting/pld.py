@@ -539,11 +539,22 @@ def pld_delta(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.
               steps: jax.typing.ArrayLike, epsilon: jax.typing.ArrayLike, *,
               pld_grid: PldGrid | None = None) -> jax.Array:
   r"""δ(ε) of DP-SGD with Poisson sampling by its privacy-loss distribution: the larger of the
-  two directions' hockey-stick divergences, never below the true δ (see :func:`pld_epsilon`
-  for the arguments; ``epsilon`` ≥ 0 replaces ``delta``).
+  two directions' hockey-stick divergences δ(ε) = p_∞ + Σ_k p_k (1 − e^{ε − l_k})₊, never
+  below the true δ (the same PLD as :func:`pld_epsilon`).
+
+  Args:
+    sampling_rate: q in [0, 1], a scalar or a 1-D schedule (one entry per phase).
+    noise_multiplier: σ ≥ 0, scalar or 1-D.
+    steps: steps per phase, whole numbers ≥ 0, scalar or 1-D.
+    epsilon: ε ≥ 0.
+    pld_grid: the static sizes (:func:`pld_grid`); required inside ``jax.jit``.
 
   Returns:
-    δ in [0, 1], a float64 scalar. Jittable, vmappable, differentiable in q, σ and ε.
+    δ in [0, 1], a float64 scalar. Jittable, vmappable, differentiable in q, σ and ε. NaN
+    under jit for invalid arguments.
+
+  Raises:
+    ValueError: as :func:`pld_epsilon`. TypeError: float32 arguments.
   """
   validation.check_all(sampling_rate=sampling_rate, noise_multiplier=noise_multiplier,
                        steps=steps, epsilon=epsilon)
