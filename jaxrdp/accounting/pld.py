@@ -195,16 +195,21 @@ def _log_mgf(pmf, start, interval):
   return jax.nn.logsumexp(log_sums + lam * block_top[..., None], axis=-2)
 
 
-def _power(f, t):
-  """f**t for complex f and integer-valued t ≥ 0, as |f|^t·e^{i·t·arg f} (the branch of arg
-  does not matter for integer t; real log, exp, sin and cos vectorise where complex ones do
-  not); 0 where f is 0, with a finite derivative. The phase t·arg f carries arg f's rounding
-  times t (2e-11 rad at t = 5·10⁴), as any exp(t·log f) does (NumPy's and dp_accounting's)."""
+def _product_of_powers(f, t):
+  """Π_i f_i^{t_i} over the phase axis (−2) for complex f and integer-valued t ≥ 0, as
+  exp(Σ_i t_i·log|f_i|)·e^{i·Σ_i t_i·arg f_i} (for integer t the branch of arg does not
+  matter): one exponential, sine and cosine per frequency however many phases (real log,
+  exp, sin and cos also vectorise where complex ones do not). 0 where a factor with t_i > 0
+  is 0, with finite derivatives. The phase carries arg f's rounding times t (2e-11 rad at
+  t = 5·10⁴), as any exp(t·log f) does (NumPy's and dp_accounting's powers included)."""
+  t = t[:, None]
   square = f.real**2 + f.imag**2
   nonzero = square > 0
-  log_modulus = 0.5 * jnp.log(jnp.where(nonzero, square, 1.0))
-  modulus = jnp.where(nonzero, jnp.exp(t * log_modulus), jnp.where(t == 0, 1.0, 0.0))
-  phase = t * jnp.arctan2(jnp.where(nonzero, f.imag, 0.0), jnp.where(nonzero, f.real, 1.0))
+  log_modulus = jnp.where(nonzero, 0.5 * jnp.log(jnp.where(nonzero, square, 1.0)), 0.0)
+  angle = jnp.arctan2(jnp.where(nonzero, f.imag, 0.0), jnp.where(nonzero, f.real, 1.0))
+  vanishes = jnp.any(~nonzero & (t > 0), axis=-2)
+  modulus = jnp.where(vanishes, 0.0, jnp.exp(jnp.sum(t * log_modulus, axis=-2)))
+  phase = jnp.sum(t * angle, axis=-2)
   return lax.complex(modulus * jnp.cos(phase), modulus * jnp.sin(phase))
 
 
@@ -228,7 +233,7 @@ def _composed(q, sigma, t, grid):
   start, pmf, above = step_pmfs(q, sigma, interval, grid.pmf_bins)
   steps = t.astype(jnp.int64)
   # Every step's PMF is folded from index 0; the composition is then offset by Σ_i T_i start_i.
-  spectrum = jnp.prod(_power(jnp.fft.rfft(_fold(pmf, bins)), t[:, None]), axis=-2)
+  spectrum = _product_of_powers(jnp.fft.rfft(_fold(pmf, bins)), t)
   composed = jnp.maximum(jnp.fft.irfft(spectrum, n=bins), 0.0)           # (2, bins)
   offset = jnp.sum(steps * start, axis=-1)
   # The window's top: the Chernoff quantile of the composed loss at tail_mass.
