@@ -7,8 +7,7 @@ twice from the same seed, differing only in the noise multiplier σ:
    accounting (``accountant="rdp"``, the default) gives ε after T steps;
 2. σ_pld = ``jaxrdp.calibrate_noise_multiplier(ε, δ, q, T, accountant="pld")``: the same with
    the privacy-loss distribution (PLD) accountant, which is tight where RDP's conversion to
-   (ε, δ) is loose, so σ_pld < σ_rdp: less noise for the same guarantee, most at small ε and
-   small q.
+   (ε, δ) is loose, so σ_pld < σ_rdp: less noise for the same guarantee.
 
 q = b / N (Poisson sampling at the expected batch size b) and T = epochs · ceil(N / b). Each run
 is then accounted both ways from its optimizer state (``jaxrdp.privacy_spent(state, δ)`` and
@@ -16,7 +15,14 @@ is then accounted both ways from its optimizer state (``jaxrdp.privacy_spent(sta
 accountant that calibrated it is at most the target. The table lists σ, the final test accuracy
 and both ε of each run. With ``--plot PATH`` (needs matplotlib) it plots ε against the number of
 steps for both σ and both accountants (``jaxrdp.dpsgd_epsilon`` at ``--curve-points`` step
-counts).
+counts). All PLD values share one grid (``jaxrdp.pld_grid``), so that its program compiles once.
+
+Defaults (ε = 1, δ = 1e-5, b = 64 so q = 0.0445, 10 epochs = 230 steps; ~20 s on a 2-core CPU,
+most of it compilation): σ_rdp = 2.940, σ_pld = 2.716 (7.6 % less noise); the RDP-calibrated
+run has ε = 0.908 by the PLD, the PLD-calibrated one ε = 1.10 by RDP. Test accuracy 0.858
+(σ_rdp) and 0.869 (σ_pld), one seed: the difference is within the epoch-to-epoch swings of a
+single run, not a measured gain. At the same q and T the noise saved grows as ε shrinks: 5.8 %
+at ε = 4, 8.3 % at ε = 0.5.
 
 The PLD accountant computes in float64, so the script switches on ``jax_enable_x64`` (the
 library never does); the model's parameters and data stay float32.
@@ -89,16 +95,16 @@ def training_args(args, sigma):
       "--seed", str(args.seed), "--sigma", repr(float(sigma)), "--no-baseline"])
 
 
-def epsilon_curves(q, sigmas, total_steps, delta, points):
-  """{(σ name, accountant): ε at each of ``points`` step counts up to T} and the step counts."""
+def epsilon_curves(q, sigmas, total_steps, delta, points, grid):
+  """The step counts t (``points`` of them up to T) and {(σ name, accountant): ε after t steps},
+  by ``jaxrdp.dpsgd_epsilon``; the PLD's on ``grid`` (see :func:`main`)."""
   steps = np.unique(np.round(np.linspace(total_steps / points, total_steps, points)).astype(np.int64))
   steps = steps[steps >= 1]
-  curves = {}
-  for name, sigma in sigmas.items():
-    for accountant in ACCOUNTANTS:
-      curves[name, accountant] = np.array(
-          [float(jaxrdp.dpsgd_epsilon(q, sigma, float(t), delta, accountant=accountant)) for t in steps])
-  return steps, curves
+  options = {"rdp": {}, "pld": {"pld_grid": grid}}
+  return steps, {(name, accountant): np.array(
+      [float(jaxrdp.dpsgd_epsilon(q, sigma, float(t), delta, accountant=accountant,
+                                  **options[accountant])) for t in steps])
+      for name, sigma in sigmas.items() for accountant in ACCOUNTANTS}
 
 
 def plot(path, steps, curves, sigmas, target, delta, q):
@@ -109,8 +115,8 @@ def plot(path, steps, curves, sigmas, target, delta, q):
   fig, ax = plt.subplots(figsize=(7, 4.5))
   colors = {"rdp": "tab:blue", "pld": "tab:orange"}
   styles = {"rdp": "-", "pld": "--"}
-  for (name, accountant), eps in curves.items():
-    ax.plot(steps, eps, styles[accountant], color=colors[name], marker=".",
+  for name, accountant in ((n, a) for n in sigmas for a in ACCOUNTANTS):
+    ax.plot(steps, curves[name, accountant], styles[accountant], color=colors[name], marker=".",
             label=f"σ_{name} = {sigmas[name]:.3f}, ε by {accountant.upper()}")
   ax.axhline(target, color="gray", lw=0.8, ls=":", label=f"target ε = {target:g}")
   ax.set_xlabel("DP-SGD steps")
@@ -149,29 +155,43 @@ def main(argv=None):
         f"{total_steps}: sigma_rdp = {sigmas['rdp']:.4f}, sigma_pld = {sigmas['pld']:.4f} "
         f"({100 * (1 - sigmas['pld'] / sigmas['rdp']):.1f} % less noise)")
 
+  # One grid for every PLD evaluation below. Its sizes are static array shapes, so each new
+  # size compiles the PLD program anew (seconds); sized for the widest schedule here (the
+  # smallest σ at T steps), it fits every other (a larger σ, fewer steps) with the same ε, and
+  # the program compiles once. It is the grid the PLD calibration checked σ_pld on.
+  grid = jaxrdp.pld_grid(q, min(sigmas.values()), float(total_steps))
+  options = {"rdp": {}, "pld": {"pld_grid": grid}}
+
   rows = []
   for accountant in ACCOUNTANTS:
+    if not args.quiet:
+      print(f"training with sigma_{accountant} = {sigmas[accountant]:.4f} "
+            "(the per-epoch eps is train_dpsgd's: by RDP)")
     history, info = train_dpsgd.train_private(training_args(args, sigmas[accountant]), train, test,
                                               progress=not args.quiet)
     assert info["steps_per_epoch"] == steps_per_epoch and info["sampling_rate"] == q
     state = info["opt_state"]
-    epsilon = {a: float(jaxrdp.privacy_spent(state, args.delta, accountant=a)[0]) for a in ACCOUNTANTS}
-    # The ε the calibration targeted: the same accountant, from (q, σ, T) instead of the state.
+    epsilon = {a: float(jaxrdp.privacy_spent(state, args.delta, accountant=a, **options[a])[0])
+               for a in ACCOUNTANTS}
+    # The same accountant from (q, σ, T) instead of the state (RDP: the best order refined
+    # between grid orders, never above the state's grid-order ε).
     recomputed = float(jaxrdp.dpsgd_epsilon(q, sigmas[accountant], total_steps, args.delta,
-                                            accountant=accountant))
+                                            accountant=accountant, **options[accountant]))
     _, acc, _, delta_total = history[-1]
     rows.append(dict(accountant=accountant, sigma=sigmas[accountant], accuracy=acc,
                      epsilon=epsilon, epsilon_recomputed=recomputed, delta_total=delta_total,
                      history=history))
-    # Each run meets the target by the accountant that calibrated it.
+    # Each run meets the target by the accountant that calibrated it. The calibration checked
+    # the grid-order ε (RDP) or dpsgd_epsilon's (PLD); privacy_spent computes the same from the
+    # state, whose RDP was summed step by step: equal up to rounding, hence the 1e-9 slack.
     assert recomputed <= args.epsilon, (accountant, recomputed, args.epsilon)
-    assert epsilon[accountant] <= args.epsilon * (1 + 1e-6), (accountant, epsilon, args.epsilon)
+    assert epsilon[accountant] <= args.epsilon * (1 + 1e-9), (accountant, epsilon, args.epsilon)
 
   print(_table(rows, args.epsilon, args.delta))
   print("(delta total: delta + the truncation delta of the Poisson batches, "
         "jaxrdp.poisson_truncation_delta)")
 
-  steps, curves = epsilon_curves(q, sigmas, total_steps, args.delta, args.curve_points)
+  steps, curves = epsilon_curves(q, sigmas, total_steps, args.delta, args.curve_points, grid)
   result = {"sampling_rate": q, "steps": total_steps, "sigmas": sigmas, "runs": rows,
             "curve_steps": steps, "curves": curves}
   if args.plot:

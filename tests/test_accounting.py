@@ -212,3 +212,13 @@ def test_long_schedules_prune_orders_without_changing_epsilon(refine, monkeypatc
   monkeypatch.setattr(accounting, "_SLOTS_APART", np.inf)
   whole = [float(v) for v in accounting._concrete_epsilon(q, sigma, t, np.asarray(1e-6), grid, refine)]
   assert pruned == pytest.approx(whole, rel=1e-12, abs=0)
+
+
+def test_dpsgd_epsilon_under_jit_of_vmap_over_steps_equals_eager_calls():
+  # Regression: the concrete order grid reached the inlined search as a NumPy array and was
+  # indexed with a traced index (found while writing examples/train_dpsgd_pld.py).
+  with jax.enable_x64(True):
+    steps = jnp.array([50.0, 100.0])
+    batched = jax.jit(jax.vmap(lambda t: jaxrdp.dpsgd_epsilon(0.0445, 2.9, t, 1e-5)))(steps)
+    eager = [float(jaxrdp.dpsgd_epsilon(0.0445, 2.9, float(t), 1e-5)) for t in steps]
+    np.testing.assert_allclose(np.asarray(batched), eager, rtol=1e-10)

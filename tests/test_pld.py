@@ -181,36 +181,38 @@ def test_epsilon_is_never_below_the_prv_accountants_lower_bound(constant):
   assert checked == len(configs)   # every drawn configuration has ε ≤ 50
 
 
-def test_epsilon_is_never_above_the_rdp_epsilon(constant, two_phase):
+def test_epsilon_is_never_above_the_rdp_epsilon(constant):
   # RDP's ε (jaxrdp's own accountant, Mironov 2017 with the improved conversion) bounds the same
   # true ε from above, less tightly; the PLD bound exceeds the truth by at most its
   # discretisation allowance, so it stays below RDP's up to that allowance.
-  for configs, ours, _ in (constant, two_phase):
-    for (q, sigma, steps, delta), eps in zip(configs, ours):
-      rdp = float(jaxrdp.dpsgd_epsilon(q, sigma, steps, delta))
-      assert eps <= rdp * 1.01 + 1e-3, (q, sigma, steps, delta, eps, rdp)
+  configs, ours, _ = constant
+  for (q, sigma, steps, delta), eps in zip(configs, ours):
+    rdp = float(jaxrdp.dpsgd_epsilon(q, sigma, steps, delta))
+    assert eps <= rdp * 1.01 + 1e-3, (q, sigma, steps, delta, eps, rdp)
 
 
-@pytest.mark.slow   # ~1 min: 40 constant and 10 two-phase schedules against both references
+@pytest.mark.slow   # ~1.5 min: 40 constant and 10 two-phase schedules against both references
 def test_many_random_configurations_agree_with_dp_accounting_and_stay_above_prv():
   figures = {}
   for name, configs in (("constant", _constant_configs(40, SEED + 2)),
                         ("two_phase", _two_phase_configs(10, SEED + 3))):
     ours, theirs = _evaluate(configs)
     _assert_agrees_with_dp_accounting(configs, ours, theirs)
-    to_prv, failed = [], 0
+    to_prv, failed = [], []
     for (q, sigma, steps, delta), eps, reference in zip(configs, ours, theirs):
       if reference > PRV_MAX_EPSILON:
         continue
       lower = _prv_lower_bound(q, sigma, steps, delta, reference)
-      if lower is None:
-        failed += 1
+      if lower is None:   # the reference failed, not the code under test
+        failed.append((q, sigma, steps, delta))
         continue
       assert eps >= lower, (q, sigma, steps, delta, eps, lower)
-      to_prv.append(eps / lower if lower > 0 else math.inf)
+      if lower > 0:
+        to_prv.append(eps / lower)
     figures[name] = dict(max_ratio_to_dp_accounting=float(np.max(ours / theirs)),
                          min_ratio_to_dp_accounting=float(np.min(ours / theirs)),
-                         min_ratio_to_prv_lower=min(to_prv), prv_checked=len(to_prv),
+                         min_ratio_to_prv_lower=float(min(to_prv)),
+                         max_ratio_to_prv_lower=float(max(to_prv)), prv_checked=len(to_prv),
                          prv_failed=failed)
     assert len(to_prv) >= 0.6 * len(configs)   # the PRV accountant handled most of them
   print(figures)
@@ -226,7 +228,8 @@ def _central_difference(f, x, rel_step=1e-5):
 
 
 def test_gradient_in_noise_multiplier_sampling_rate_and_delta_matches_central_differences():
-  grads = jax.grad(_eps, argnums=(0, 1, 3))(Q, SIGMA, T, DELTA)
+  # jax.grad without a grid: an eager derivative sizes the grid from the primal values.
+  grads = jax.grad(jaxrdp.pld_epsilon, argnums=(0, 1, 3))(Q, SIGMA, T, DELTA)
   want = (_central_difference(lambda q: _eps(q, SIGMA, T, DELTA), Q),
           _central_difference(lambda s: _eps(Q, s, T, DELTA), SIGMA),
           _central_difference(lambda d: _eps(Q, SIGMA, T, d), DELTA))
@@ -236,7 +239,7 @@ def test_gradient_in_noise_multiplier_sampling_rate_and_delta_matches_central_di
 
 def test_gradient_of_a_two_phase_schedule_matches_central_differences_per_phase():
   q, sigma, steps = np.array([0.01, 0.005]), np.array([1.3, 1.1]), np.array([3000.0, 7000.0])
-  grad_q, grad_sigma = jax.grad(_eps, argnums=(0, 1))(q, sigma, steps, DELTA)
+  grad_q, grad_sigma = jax.grad(jaxrdp.pld_epsilon, argnums=(0, 1))(q, sigma, steps, DELTA)
   for i in range(2):
     unit = np.eye(2)[i]
     want_q = _central_difference(lambda x: _eps(q + (x - q[i]) * unit, sigma, steps, DELTA), q[i])
@@ -296,10 +299,11 @@ def test_jit_without_a_grid_raises_naming_pld_grid():
 
 
 def test_vmap_over_noise_multiplier_equals_a_loop():
+  # Without a grid: an eager vmap sizes one grid for all the batched values.
   sigmas = np.array([1.1, 1.3, 1.6, 2.0])
-  batched = jax.vmap(lambda s: _eps(Q, s, T, DELTA))(sigmas)
+  batched = jax.vmap(lambda s: jaxrdp.pld_epsilon(Q, s, T, DELTA))(sigmas)
   looped = [float(_eps(Q, s, T, DELTA)) for s in sigmas]
-  np.testing.assert_allclose(np.asarray(batched), looped, rtol=1e-10)
+  np.testing.assert_allclose(np.asarray(batched), looped, rtol=1e-8)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -263,6 +263,10 @@ def _grid_search(q, sigma, t, delta, orders, split, tables, refine_steps):
   """(ε, its order) of :func:`_search_epsilon` on a concrete grid (``orders``, ``split``,
   ``tables`` from :func:`_with_slots`), every step in one loop, with the per-order
   quadrature for whatever the sums and shared nodes leave open."""
+  # A host grid becomes a graph constant here: when this function is inlined into an outer
+  # trace (jax.jit(jax.vmap(f)), see jaxrdp._internal.compilation) it arrives as NumPy.
+  orders = jnp.asarray(orders)
+
   def step(state):
     alphas = _search_orders(state, orders, jnp)
     eps, pending = _grid_values(q, sigma, t, delta, alphas, split, tables, fallback=True)

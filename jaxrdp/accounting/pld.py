@@ -346,26 +346,25 @@ def _fast_size(n: int, multiple: int = 1) -> int:
 
 
 def _host_window(q, sigma, t, tail_mass):
-  """Chernoff quantiles (lower at :data:`_LOWER_TAIL_MASS`, upper at ``tail_mass``) of the composed loss, both
-  directions, from a quadrature of each step's loss (a size estimate only: the bound used for
-  δ is computed in the graph from the discretised PMFs)."""
+  """Chernoff quantiles (lower at :data:`_LOWER_TAIL_MASS`, upper at ``tail_mass``) of one
+  schedule's composed loss (phase arrays), both directions, from a quadrature of each step's
+  loss on 1025 points, all phases at once (a size estimate only: the bound used for δ is
+  computed in the graph from the discretised PMFs)."""
   lam = np.concatenate([-_LAMBDAS[::-1], _LAMBDAS])
+  q, sigma, t = (v[:, None] for v in (q, sigma, t))
+  x = -_Z * sigma + (1 + 2 * _Z * sigma) * np.linspace(0.0, 1.0, 1025)      # (P, n)
+  log_weight = np.log((x[:, 1:2] - x[:, :1]) / (sigma * math.sqrt(2 * math.pi)))
+  log_phi0 = -0.5 * (x / sigma) ** 2 + log_weight
+  log_phi1 = -0.5 * ((x - 1) / sigma) ** 2 + log_weight
+  with np.errstate(divide="ignore"):
+    log_mix = np.logaddexp(np.log1p(-q) + log_phi0, np.log(q) + log_phi1)
+  loss = _log_ratio(x, q, sigma, np)
   lows, highs = [], []
-  u = np.linspace(0.0, 1.0, 4097)
-  for add in (False, True):
-    k_total = np.zeros_like(lam)
-    for qi, si, ti in zip(q, sigma, t):
-      x = -_Z * si + (1 + 2 * _Z * si) * u
-      dx = x[1] - x[0]
-      log_phi0 = -0.5 * (x / si) ** 2
-      log_phi1 = -0.5 * ((x - 1) / si) ** 2
-      with np.errstate(divide="ignore"):
-        log_mix = np.logaddexp(np.log1p(-qi) + log_phi0, np.log(qi) + log_phi1)
-      loss = _log_ratio(x, qi, si, np)
-      log_p, loss = (log_phi0, -loss) if add else (log_mix, loss)
-      log_p = log_p + math.log(dx / (si * math.sqrt(2 * math.pi)))
-      k = np.logaddexp.reduce(log_p[None, :] + lam[:, None] * loss[None, :], axis=1)
-      k_total += ti * k
+  for log_p, l in ((log_mix, loss), (log_phi0, -loss)):     # remove, add
+    e = log_p[:, None, :] + lam[None, :, None] * l[:, None, :]    # (P, λ, n)
+    top = e.max(axis=-1, keepdims=True)
+    k = (top + np.log(np.exp(e - top).sum(axis=-1, keepdims=True)))[..., 0]
+    k_total = np.sum(t * k, axis=0)
     highs.append(np.min(((k_total - math.log(tail_mass)) / lam)[lam > 0]))
     lows.append(np.max(((k_total - math.log(_LOWER_TAIL_MASS)) / lam)[lam < 0]))
   return min(lows), max(highs)
@@ -377,19 +376,29 @@ def _step_range(q, sigma):
   hi_remove = _log_ratio(1 + _Z * sigma, q, sigma, np)
   lo_add = -_log_ratio(1 + _Z * sigma, q, sigma, np)
   hi_add = -_log_ratio(-_Z * sigma, q, sigma, np)
-  return float(np.max(np.maximum(hi_remove - lo_remove, hi_add - lo_add)))
+  return float(np.max(np.maximum(hi_remove - lo_remove, hi_add - lo_add), initial=0.0))
 
 
 def grid_for(q, sigma, t, interval=DEFAULT_INTERVAL, tail_mass=DEFAULT_TAIL_MASS) -> PldGrid:
-  """The grid for concrete phase arrays (NumPy), or a ValueError naming the size it would
-  need when that exceeds :data:`MAX_BINS`."""
-  q, sigma, t = (np.atleast_1d(np.asarray(v, np.float64)).reshape(-1) for v in (q, sigma, t))
-  q, sigma, t = np.broadcast_arrays(q, sigma, t)
-  pmf_bins = int(math.ceil(_step_range(q, sigma) / interval)) + 2
-  low, high = _host_window(q, sigma, t, tail_mass)
-  # A margin of 5 % and 64 points: the graph's window top (from the discretised PMFs) may sit
-  # slightly above the estimate's.
-  bins = _fast_size(int(math.ceil((high - low) / interval * 1.05)) + 64, _READ_BLOCK)
+  """The grid for concrete schedules (NumPy arrays broadcasting to (..., phases); leading
+  axes are separate schedules, and the grid fits each), or a ValueError naming the size it
+  would need when that exceeds :data:`MAX_BINS`. Phases with q = 0, T = 0 (no loss) or σ = 0
+  (infinite loss: ε = ∞ on any grid) take no room."""
+  q, sigma, t = (np.atleast_1d(np.asarray(v, np.float64)) for v in (q, sigma, t))
+  shape = np.broadcast_shapes(q.shape, sigma.shape, t.shape)
+  q, sigma, t = (np.broadcast_to(v, shape).reshape(-1, shape[-1]) for v in (q, sigma, t))
+  pmf_bins, bins = 2, 1
+  for row in zip(q, sigma, t):
+    used = (row[0] > 0) & (row[1] > 0) & (row[2] > 0)
+    if not np.any(used):
+      continue
+    qi, si, ti = (v[used] for v in row)
+    pmf_bins = max(pmf_bins, int(math.ceil(_step_range(qi, si) / interval)) + 2)
+    low, high = _host_window(qi, si, ti, tail_mass)
+    # A margin of 5 % and 64 points: the graph's window top (from the discretised PMFs) may
+    # sit slightly above the estimate's.
+    bins = max(bins, int(math.ceil((high - low) / interval * 1.05)) + 64)
+  bins = _fast_size(bins, _READ_BLOCK)
   for name, n in (("pmf_bins", pmf_bins), ("bins", bins)):
     if n > MAX_BINS:
       raise ValueError(
@@ -410,10 +419,11 @@ def _host_values(x):
   attributes are not public; if they change this returns None and a grid must be passed."""
   for _ in range(16):
     if not isinstance(x, jax.core.Tracer):
-      return np.asarray(x, np.float64)
+      try:
+        return np.asarray(x, np.float64)
+      except (TypeError, ValueError):
+        return None    # e.g. the jaxpr variable behind a jax.jit tracer
     x = getattr(x, "primal", getattr(x, "val", None))
-    if x is None:
-      return None
   return None
 
 
@@ -456,12 +466,6 @@ def pld_grid(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.A
   return grid_for(*values, interval=float(interval), tail_mass=float(tail_mass))
 
 
-def _schedules(q, sigma, t):
-  """Concrete parameters as rows of phases: arrays (S, P) (one row per schedule)."""
-  shape = np.broadcast_shapes(np.shape(q), np.shape(sigma), np.shape(t)) or (1,)
-  return tuple(np.broadcast_to(v, shape).reshape(-1, shape[-1]) for v in (q, sigma, t))
-
-
 def checked_phases(sampling_rate, noise_multiplier, steps, what):
   """Checked float64 phase arrays (q, σ, T), T whole numbers (eagerly)."""
   q, sigma, t = composition.schedule_phases(sampling_rate, noise_multiplier, steps)
@@ -488,10 +492,7 @@ def grid_of(q, sigma, t, given):
         "the PLD accountant's array sizes depend on the parameters' values, which are traced "
         "here (inside jax.jit): pass pld_grid=jaxrdp.pld_grid(sampling_rate, noise_multiplier, "
         "steps) computed outside, for the widest schedule the function will see.")
-  rows = _schedules(*values)
-  grids = [grid_for(*row) for row in zip(*rows)]
-  return PldGrid(DEFAULT_INTERVAL, max(g.pmf_bins for g in grids), max(g.bins for g in grids),
-                 DEFAULT_TAIL_MASS)
+  return grid_for(*values)
 
 
 def _valid(q, sigma, t, other, other_domain):

@@ -1,0 +1,110 @@
+"""The PLD accountant behind the public API: ``accountant="pld"`` on dpsgd_epsilon, the three
+calibrations and privacy_spent, and the CLI's ``--accountant``.
+
+References: ``jaxrdp.pld_epsilon`` itself is checked against dp_accounting and the PRV
+accountant in tests/test_pld.py; here the calibrations are checked by their defining property
+(the answer meets the target, one step beyond it does not), privacy_spent against the same
+schedule given to pld_epsilon, and the CLI against the library.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxrdp
+from jaxrdp.cli import main as cli
+
+TARGET, DELTA, Q, SIGMA, T = 2.0, 1e-5, 0.01, 1.1, 3000
+
+
+@pytest.fixture(autouse=True)
+def _x64():
+  with jax.enable_x64(True):
+    yield
+
+
+def _pld(q, sigma, steps):
+  return float(jaxrdp.dpsgd_epsilon(q, sigma, steps, DELTA, accountant="pld"))
+
+
+def test_dpsgd_epsilon_with_the_pld_accountant_is_pld_epsilon_and_below_rdp():
+  pld = _pld(Q, SIGMA, T)
+  assert pld == float(jaxrdp.pld_epsilon(Q, SIGMA, T, DELTA))
+  assert pld < float(jaxrdp.dpsgd_epsilon(Q, SIGMA, T, DELTA))
+
+
+def test_calibrated_noise_multiplier_is_safe_and_tight():
+  sigma = float(jaxrdp.calibrate_noise_multiplier(TARGET, DELTA, Q, T, accountant="pld"))
+  assert _pld(Q, sigma, T) <= TARGET                    # safe: checked by dpsgd_epsilon itself
+  assert _pld(Q, sigma * (1 - 1e-5), T) > TARGET        # tight: a little less noise misses it
+  assert sigma < float(jaxrdp.calibrate_noise_multiplier(TARGET, DELTA, Q, T))   # tighter than RDP
+
+
+def test_calibrated_sampling_rate_is_safe_and_tight():
+  q = float(jaxrdp.calibrate_sampling_rate(TARGET, DELTA, SIGMA, T, accountant="pld"))
+  assert _pld(q, SIGMA, T) <= TARGET
+  assert _pld(q * (1 + 1e-5), SIGMA, T) > TARGET
+  assert q > float(jaxrdp.calibrate_sampling_rate(TARGET, DELTA, SIGMA, T))
+
+
+def test_calibrated_steps_are_the_largest_count_meeting_the_target():
+  steps = int(jaxrdp.calibrate_steps(TARGET, DELTA, Q, SIGMA, accountant="pld"))
+  assert _pld(Q, SIGMA, steps) <= TARGET < _pld(Q, SIGMA, steps + 1)
+  assert steps > int(jaxrdp.calibrate_steps(TARGET, DELTA, Q, SIGMA))
+
+
+def test_rdp_options_with_the_pld_accountant_are_refused_naming_them():
+  with pytest.raises(ValueError, match="orders"):
+    jaxrdp.dpsgd_epsilon(Q, SIGMA, T, DELTA, accountant="pld", orders=[2.0, 3.0])
+  with pytest.raises(ValueError, match="method"):
+    jaxrdp.dpsgd_epsilon(Q, SIGMA, T, DELTA, accountant="pld", method="classic")
+  with pytest.raises(ValueError, match="pld_grid"):
+    jaxrdp.dpsgd_epsilon(Q, SIGMA, T, DELTA, pld_grid=jaxrdp.pld_grid(Q, SIGMA, T))
+
+
+def _trained_state(steps, sigmas):
+  tx = jaxrdp.differentially_private_aggregate(1.0, SIGMA, 0, sampling_rate=Q,
+                                               expected_batch_size=10.0)
+  if sigmas is not None:
+    tx = jaxrdp.differentially_private_aggregate(1.0, lambda count: jnp.where(count < 2, *sigmas),
+                                                 0, sampling_rate=Q, expected_batch_size=10.0)
+  params = jnp.zeros(3)
+  state = tx.init(params)
+  for _ in range(steps):
+    _, state = tx.update(jnp.ones((4, 3)), state, params)
+  return state
+
+
+def test_privacy_spent_by_pld_is_the_epsilon_of_the_run():
+  state = _trained_state(5, None)
+  eps, order = jaxrdp.privacy_spent(state, DELTA, accountant="pld")
+  assert float(eps) == pytest.approx(_pld(Q, SIGMA, 5), rel=1e-9)
+  assert np.isnan(float(order))
+  assert float(jaxrdp.privacy_spent(_trained_state(0, None), DELTA, accountant="pld")[0]) == 0.0
+
+
+def test_privacy_spent_by_pld_refuses_a_state_whose_phases_were_summed_as_rdp():
+  state = _trained_state(4, (2.0, 1.0))   # σ changes after two steps: two segments
+  with pytest.raises(ValueError, match="schedule"):
+    jaxrdp.privacy_spent(state, DELTA, accountant="pld")
+
+
+def test_cli_epsilon_with_the_pld_accountant_matches_the_library(capsys):
+  cli.main(["epsilon", "--sampling-rate", str(Q), "--noise-multiplier", str(SIGMA), "--steps",
+            str(T), "--delta", str(DELTA), "--accountant", "pld", "--json"])
+  out = json.loads(capsys.readouterr().out)
+  assert out["accountant"] == "pld"
+  assert out["epsilon"] == pytest.approx(_pld(Q, SIGMA, T), rel=1e-12)
+
+
+def test_cli_dpsgd_prints_both_epsilons(capsys):
+  cli.main(["dpsgd", "--dataset-size", "1000", "--batch-size", "10", "--epochs", "30",
+            "--noise-multiplier", str(SIGMA), "--delta", str(DELTA), "--json"])
+  out = json.loads(capsys.readouterr().out)
+  assert out["epsilon_pld"] == pytest.approx(_pld(Q, SIGMA, T), rel=1e-12)
+  assert out["epsilon_pld"] < out["epsilon_refined"]
