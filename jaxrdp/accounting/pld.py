@@ -230,7 +230,7 @@ def _composed(q, sigma, t, grid):
   index (its points are (first + k)Δ, k < bins), the masses there, and the infinite-loss mass
   (the steps' own, and the Chernoff bound on the composed mass above the window)."""
   interval, bins = grid.interval, grid.bins
-  start, pmf, above = step_pmfs(q, sigma, interval, grid.pmf_bins)
+  start, pmf, above = lax.optimization_barrier(step_pmfs(q, sigma, interval, grid.pmf_bins))
   steps = t.astype(jnp.int64)
   # Every step's PMF is folded from index 0; the composition is then offset by Σ_i T_i start_i.
   spectrum = _product_of_powers(jnp.fft.rfft(_fold(pmf, bins)), t)
@@ -332,15 +332,18 @@ def pld_delta_unchecked(q, sigma, t, epsilon, grid):
 
 
 def _fast_size(n: int, multiple: int = 1) -> int:
-  """The smallest multiple of ``multiple`` (a power of two) that is ≥ n and whose quotient has
-  no prime factor above 7 (fast FFTs on CPU and GPU): at most a few percent above n."""
+  """The smallest multiple of ``multiple`` (a power of two) that is ≥ n and whose quotient is
+  2^a·3^b·5^c·7^d with b ≤ 2 and d ≤ 1: fast FFT lengths (higher powers of 3 run about
+  twice as slow on XLA's CPU FFT: 15.7 ms for 2^11·3^5 against 7.0 ms for the 3 % longer
+  2^12·5^3), at most a few percent above n."""
   m = max(1, -(-int(n) // multiple))
   while True:
-    r = m
+    r, counts = m, {}
     for p in (2, 3, 5, 7):
       while r % p == 0:
         r //= p
-    if r == 1:
+        counts[p] = counts.get(p, 0) + 1
+    if r == 1 and counts.get(3, 0) <= 2 and counts.get(7, 0) <= 1:
       return m * multiple
     m += 1
 
