@@ -224,7 +224,8 @@ TABLE = {
              sampling_rate=real(0.01, lo=0, hi=1, lo_open=True),
              expected_batch_size=real(10.0, lo=0, lo_open=True),
              orders=real(2.0, lo=1, inf_ok=True, none_ok=True) + [ORDERS_2D],
-             accountant_dtype=[Bad(jnp.int32, TypeError, "integer dtype")])),
+             accountant_dtype=[Bad(jnp.int32, TypeError, "integer dtype")],
+             pld_phases=static_int(0))),
     "dpsgd": Api(
         jaxrdp.dpsgd,
         dict(learning_rate=0.1, l2_norm_clip=1.0, noise_multiplier=1.0, key=0, sampling_rate=0.01,

@@ -108,3 +108,37 @@ def test_cli_dpsgd_prints_both_epsilons(capsys):
   out = json.loads(capsys.readouterr().out)
   assert out["epsilon_pld"] == pytest.approx(_pld(Q, SIGMA, T), rel=1e-12)
   assert out["epsilon_pld"] < out["epsilon_refined"]
+
+
+def _logged_run(sigmas_by_step, capacity):
+  tx = jaxrdp.differentially_private_aggregate(
+      1.0, lambda count: jnp.asarray(sigmas_by_step)[count], 0, sampling_rate=Q,
+      expected_batch_size=10.0, pld_phases=capacity)
+  params = jnp.zeros(3)
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+  for _ in range(len(sigmas_by_step)):
+    _, state = update(jnp.ones((4, 3)), state, params)
+  return state
+
+
+def test_privacy_spent_by_pld_composes_the_logged_phases_of_a_schedule():
+  # σ = 2 for 3 steps, then 1.2 for 2, then 2 again for 1: three phases, in order.
+  state = _logged_run([2.0, 2.0, 2.0, 1.2, 1.2, 2.0], capacity=4)
+  assert int(state.phases.used) == 3
+  eps, _ = jaxrdp.privacy_spent(state, DELTA, accountant="pld")
+  want = jaxrdp.dpsgd_epsilon([Q, Q, Q], [2.0, 1.2, 2.0], [3, 2, 1], DELTA, accountant="pld")
+  assert float(eps) == pytest.approx(float(want), rel=1e-9)
+
+
+def test_privacy_spent_by_pld_refuses_an_overflowed_phase_log():
+  state = _logged_run([2.0, 1.5, 1.2], capacity=2)
+  assert bool(state.phases.overflowed)
+  with pytest.raises(ValueError, match="pld_phases"):
+    jaxrdp.privacy_spent(state, DELTA, accountant="pld")
+
+
+def test_default_transform_state_keeps_the_0_1_0_leaves():
+  tx = jaxrdp.differentially_private_aggregate(1.0, SIGMA, 0, sampling_rate=Q,
+                                               expected_batch_size=10.0)
+  assert len(jax.tree.leaves(tx.init(jnp.zeros(3)))) == 9   # no phase log unless asked for

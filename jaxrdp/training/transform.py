@@ -80,10 +80,53 @@ class DifferentiallyPrivateAggregateState(NamedTuple):
     accountant: the RDP accountant, a :class:`jaxrdp.training.accountant.RdpAccountantState`
       (orders, rdp, rdp_compensation, mechanism = (sampling_rate, noise_multiplier) of the
       current segment, step_rdp, segment_steps); read it with :func:`rdp_spent`.
+    phases: None (no leaves), or with ``pld_phases=K`` the :class:`PhaseLog` of the run's
+      (q, σ) phases, which ``privacy_spent(..., accountant="pld")`` composes.
   """
   key: jax.Array
   count: jax.Array
   accountant: rdp_accountant.RdpAccountantState
+  phases: "PhaseLog | None" = None
+
+
+class PhaseLog(NamedTuple):
+  """The (q, σ) phases of a run, for the PLD accountant: K slots, filled in order.
+
+  Attributes:
+    sampling_rate, noise_multiplier: float64 (K,), each phase's (q, σ); unused slots q = 0.
+    steps: int32 (K,), the steps taken in each phase (0 in unused slots).
+    used: int32, the slots filled.
+    overflowed: bool, a new phase found no free slot (the PLD of the run is then unknown).
+  """
+  sampling_rate: jax.Array
+  noise_multiplier: jax.Array
+  steps: jax.Array
+  used: jax.Array
+  overflowed: jax.Array
+
+
+def _phase_log(capacity: int) -> PhaseLog:
+  zeros = jnp.zeros((capacity,), jnp.float64)
+  return PhaseLog(zeros, zeros + 1.0, jnp.zeros((capacity,), jnp.int32),
+                  jnp.zeros((), jnp.int32), jnp.zeros((), bool))
+
+
+def _log_step(log: PhaseLog, q, sigma) -> PhaseLog:
+  """One more step at (q, σ): the last phase's count grows if (q, σ) is its own, else a new
+  phase opens in the next slot (or the log is marked overflowed)."""
+  q, sigma = jnp.asarray(q, jnp.float64), jnp.asarray(sigma, jnp.float64)
+  last = jnp.maximum(log.used - 1, 0)
+  same = (log.used > 0) & (log.sampling_rate[last] == q) & (log.noise_multiplier[last] == sigma)
+  full = log.used >= log.steps.shape[0]
+  slot = jnp.where(same, last, jnp.minimum(log.used, log.steps.shape[0] - 1))
+  write = same | ~full
+  return PhaseLog(
+      sampling_rate=jnp.where(write, log.sampling_rate.at[slot].set(q), log.sampling_rate),
+      noise_multiplier=jnp.where(write, log.noise_multiplier.at[slot].set(sigma),
+                                 log.noise_multiplier),
+      steps=jnp.where(write, log.steps.at[slot].add(1), log.steps),
+      used=jnp.where(same | full, log.used, log.used + 1),
+      overflowed=log.overflowed | (~same & full))
 
 
 # jaxrdp 0.1.0's flat state: its fields in leaf order, their number of dimensions, and whether
@@ -244,6 +287,7 @@ def differentially_private_aggregate(
     expected_batch_size: ScalarOrSchedule,
     orders: jax.typing.ArrayLike | None = None,
     accountant_dtype: Any = None,
+    pld_phases: int = 0,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Clip per-example gradients, sum, add Gaussian noise once, divide by the expected batch size.
 
@@ -272,6 +316,10 @@ def differentially_private_aggregate(
     expected_batch_size: b > 0, the public divisor (q times the dataset size), or a schedule.
     orders: Rényi orders of the accountant (default :data:`jaxrdp.DEFAULT_ORDERS`).
     accountant_dtype: dtype of the accountant (default: float64 under x64, else float32).
+    pld_phases: K ≥ 0 (static). With K > 0 the state also logs up to K (q, σ) phases of the
+      run (:class:`PhaseLog`, needs float64), so that ``privacy_spent(..., accountant="pld")``
+      accounts schedules, not only constant (q, σ). Default 0: no log, and the state's
+      leaves are jaxrdp 0.1.0's.
 
   Returns:
     An :class:`optax.GradientTransformationExtraArgs` whose state is a
@@ -294,6 +342,13 @@ def differentially_private_aggregate(
   for name, x in hyper.items():
     _checked(name, x, _DOMAIN_OF[name])
   dtype = _accountant_dtype(accountant_dtype)
+  if (isinstance(pld_phases, (jax.Array, np.ndarray)) and validation.is_concrete(pld_phases)
+      and pld_phases.ndim == 0 and jnp.issubdtype(pld_phases.dtype, jnp.integer)):
+    pld_phases = int(pld_phases)   # optax.inject_hyperparams turns the int into an array
+  pld_phases = validation.check_int("pld_phases", pld_phases, lo=0)
+  if pld_phases and not jax.config.jax_enable_x64:
+    raise TypeError("pld_phases > 0 logs the phases for the PLD accountant, which computes in "
+                    "float64: enable 64-bit JAX (jax.config.update('jax_enable_x64', True)).")
   orders = DEFAULT_ORDERS if orders is None else orders
   validation.check("orders", orders)
   if not validation.is_concrete(orders):
@@ -345,7 +400,8 @@ def differentially_private_aggregate(
       fixed_step_rdp()  # compute now, eagerly, rather than in the first traced update
     return DifferentiallyPrivateAggregateState(
         key=jnp.asarray(raw_key), count=count,
-        accountant=rdp_accountant.init(orders, num_parameters=2, dtype=dtype))
+        accountant=rdp_accountant.init(orders, num_parameters=2, dtype=dtype),
+        phases=_phase_log(pld_phases) if pld_phases else None)
 
   def update_fn(updates, state, params=None, mask=None, **extra_args):
     del extra_args
@@ -371,7 +427,8 @@ def differentially_private_aggregate(
                                      fixed_step_rdp() if fixed else segment_rdp, orders=orders)
     new_state = DifferentiallyPrivateAggregateState(
         key=jax.random.key_data(next_key), count=optax.safe_int32_increment(state.count),
-        accountant=accountant)
+        accountant=accountant,
+        phases=None if state.phases is None else _log_step(state.phases, q, sigma))
     return jax.tree.unflatten(treedef, noised), new_state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
@@ -438,7 +495,7 @@ def dpsgd(learning_rate: optax.ScalarOrSchedule, l2_norm_clip: ScalarOrSchedule,
           sampling_rate: ScalarOrSchedule, expected_batch_size: ScalarOrSchedule,
           momentum: float | None = None, nesterov: bool = False,
           orders: jax.typing.ArrayLike | None = None,
-          accountant_dtype: Any = None) -> optax.GradientTransformationExtraArgs:
+          accountant_dtype: Any = None, pld_phases: int = 0) -> optax.GradientTransformationExtraArgs:
   r"""DP-SGD: :func:`differentially_private_aggregate`, optional momentum, learning rate.
 
   The same chain as ``optax.contrib.dpsgd`` (aggregate → ``optax.trace`` → learning rate), with
@@ -448,7 +505,7 @@ def dpsgd(learning_rate: optax.ScalarOrSchedule, l2_norm_clip: ScalarOrSchedule,
   Args:
     learning_rate: a float or an optax schedule.
     l2_norm_clip, noise_multiplier, key, sampling_rate, expected_batch_size, orders,
-    accountant_dtype: as in :func:`differentially_private_aggregate`.
+    accountant_dtype, pld_phases: as in :func:`differentially_private_aggregate`.
     momentum: decay of ``optax.trace``; None for plain SGD.
     nesterov: Nesterov momentum.
 
@@ -473,7 +530,7 @@ def dpsgd(learning_rate: optax.ScalarOrSchedule, l2_norm_clip: ScalarOrSchedule,
       differentially_private_aggregate(
           l2_norm_clip, noise_multiplier, key, sampling_rate=sampling_rate,
           expected_batch_size=expected_batch_size, orders=orders,
-          accountant_dtype=accountant_dtype),
+          accountant_dtype=accountant_dtype, pld_phases=pld_phases),
       optax.trace(decay=momentum, nesterov=nesterov) if momentum is not None else optax.identity(),
       optax.scale_by_learning_rate(learning_rate),
   )
@@ -532,12 +589,12 @@ def privacy_spent(opt_state, delta: jax.typing.ArrayLike, *,
       them); default: all of them.
     accountant: ``"rdp"`` (default: the state's accumulated RDP) or ``"pld"``: the tight ε
       of the run by its privacy-loss distribution (:func:`jaxrdp.pld_epsilon`; float64).
-      The state keeps the current (q, σ) and its step count, and sums closed segments as
-      RDP: a run at constant (q, σ) is accounted exactly; after a change of (q, σ) (a
-      schedule) the phases are no longer in the state, and the PLD is refused with a
-      ValueError (``dpsgd_epsilon(q_phases, σ_phases, steps_phases, δ,
-      accountant="pld")`` accounts a schedule). Under ``jax.jit`` with a traced state, pass
-      ``pld_grid`` (:func:`jaxrdp.pld_grid`), and a schedule is not detected: ε is then NaN.
+      A transform built with ``pld_phases=K`` logs its (q, σ) phases and any schedule of up
+      to K phases is accounted. Without the log the state keeps only the current (q, σ) and
+      its step count (closed segments are summed as RDP): a run at constant (q, σ) is
+      accounted exactly, and after a change of (q, σ) the PLD is refused with a ValueError
+      (NaN under ``jax.jit``), as is an overflowed log. Under ``jax.jit`` with a traced state,
+      pass ``pld_grid`` (:func:`jaxrdp.pld_grid`).
     pld_grid: the static grid sizes for ``accountant="pld"`` under ``jax.jit``.
 
   Returns:
@@ -554,7 +611,7 @@ def privacy_spent(opt_state, delta: jax.typing.ArrayLike, *,
     Balle et al., AISTATS 2020, Thm. 21; Mironov 2017, Prop. 1 and 3.
   """
   if use_pld(accountant, orders=orders, pld_grid=pld_grid):
-    return _pld_spent(_find_accountant(opt_state).accountant, delta, pld_grid)
+    return _pld_spent(_find_accountant(opt_state), delta, pld_grid)
   state_orders, rdp = rdp_spent(opt_state)
   if orders is not None:
     validation.check("orders", orders)
@@ -570,18 +627,30 @@ def privacy_spent(opt_state, delta: jax.typing.ArrayLike, *,
   return compute_epsilon(state_orders, rdp, delta)
 
 
-def _pld_spent(state: rdp_accountant.RdpAccountantState, delta, grid):
-  """(ε by the PLD, NaN) of an accountant whose steps are one (q, σ) segment."""
+def _pld_spent(state: DifferentiallyPrivateAggregateState, delta, grid):
+  """(ε by the PLD, NaN): the phase log's schedule, or the accountant's single segment."""
   validation.check("delta", delta)
-  q, sigma = (jnp.asarray(v, jnp.float64) for v in state.mechanism)
-  steps = state.segment_steps.astype(jnp.float64)
-  one_segment = jnp.all(state.rdp == 0) & jnp.all(state.rdp_compensation == 0)
-  if validation.is_concrete((state, one_segment)) and not bool(one_segment):
-    raise ValueError("accountant='pld' needs a run at one (sampling_rate, noise_multiplier): this "
-                     "state changed them (a schedule), and keeps the earlier phases only as RDP. "
-                     "Account the schedule with jaxrdp.dpsgd_epsilon(q_phases, sigma_phases, "
-                     "steps_phases, delta, accountant='pld'), or use accountant='rdp'.")
-  no_steps = state.segment_steps == 0
+  if state.phases is not None:
+    log = state.phases
+    if validation.is_concrete(log.overflowed) and bool(log.overflowed):
+      raise ValueError(f"the run has more (sampling_rate, noise_multiplier) phases than the "
+                       f"{log.steps.shape[0]} its transform logs (pld_phases): build it with a "
+                       "larger pld_phases, or use accountant='rdp'.")
+    eps = pld.pld_epsilon(log.sampling_rate, log.noise_multiplier,
+                          log.steps.astype(jnp.float64), delta, pld_grid=grid)
+    return jnp.where(log.overflowed, jnp.nan, eps), jnp.asarray(jnp.nan, eps.dtype)
+  account = state.accountant
+  q, sigma = (jnp.asarray(v, jnp.float64) for v in account.mechanism)
+  steps = account.segment_steps.astype(jnp.float64)
+  one_segment = jnp.all(account.rdp == 0) & jnp.all(account.rdp_compensation == 0)
+  if validation.is_concrete((account, one_segment)) and not bool(one_segment):
+    raise ValueError("accountant='pld' needs the run's phases: this state changed "
+                     "(sampling_rate, noise_multiplier) (a schedule) and keeps the earlier "
+                     "phases only as RDP. Build the transform with pld_phases=K (it then logs "
+                     "up to K phases), account the schedule with jaxrdp.dpsgd_epsilon(q_phases, "
+                     "sigma_phases, steps_phases, delta, accountant='pld'), or use "
+                     "accountant='rdp'.")
+  no_steps = account.segment_steps == 0
   # Before the first step θ is NaN: a zero-step schedule at a placeholder (q, σ), ε = 0.
   q, sigma = jnp.where(no_steps, 0.0, q), jnp.where(no_steps, 1.0, sigma)
   eps = pld.pld_epsilon(q, sigma, steps, delta, pld_grid=grid)
