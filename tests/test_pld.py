@@ -360,3 +360,17 @@ def test_zero_sampling_rate_gives_zero_epsilon():
 def test_zero_steps_give_zero_epsilon():
   # Nothing released: the privacy loss is 0 with probability one.
   assert float(_eps(Q, SIGMA, 0, DELTA)) == 0.0
+
+
+@pytest.mark.parametrize("sigma,steps,delta", [(1.0, 100, 1e-5), (2.0, 10, 1e-6), (0.8, 1, 1e-5)])
+def test_full_batch_epsilon_is_the_exact_gaussian_epsilon_from_above(sigma, steps, delta):
+  # q = 1: T Gaussian steps compose to one Gaussian mechanism with μ = √T/σ, whose exact
+  # δ(ε) = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2) (Balle & Wang 2018, Thm. 8), solved for ε here
+  # with SciPy. The pessimistic PLD must be at or above it, within the discretisation.
+  from scipy.optimize import brentq
+  from scipy.stats import norm
+  mu = math.sqrt(steps) / sigma
+  exact = brentq(lambda e: norm.cdf(-e / mu + mu / 2) - math.exp(e) * norm.cdf(-e / mu - mu / 2)
+                 - delta, 0.0, 500.0, xtol=1e-14, rtol=1e-15)
+  eps = float(jaxrdp.pld_epsilon(1.0, sigma, steps, delta))
+  assert exact <= eps <= exact * (1 + 1e-6), (eps, exact)
