@@ -142,3 +142,21 @@ def test_default_transform_state_keeps_the_0_1_0_leaves():
   tx = jaxrdp.differentially_private_aggregate(1.0, SIGMA, 0, sampling_rate=Q,
                                                expected_batch_size=10.0)
   assert len(jax.tree.leaves(tx.init(jnp.zeros(3)))) == 9   # no phase log unless asked for
+
+
+def test_many_phases_are_composed_in_chunks_with_the_same_value_and_gradient(monkeypatch):
+  # Schedules with more phases than fit in MAX_ELEMENTS are summed chunk by chunk in a
+  # lax.scan (bounded memory); forcing chunks of 2 phases (5 = 2 + 2 + 1 padded) must give the
+  # value and the gradient of the single-pass computation.
+  from jaxrdp.accounting import pld
+  q, sigma, steps = np.full(5, 0.02), np.linspace(1.0, 2.0, 5), np.full(5, 50.0)
+  grid = jaxrdp.pld_grid(q, sigma, steps)
+  run = lambda: jax.jit(jax.value_and_grad(
+      lambda s: jaxrdp.pld_epsilon(q, s, steps, DELTA, pld_grid=grid)))(sigma)
+  whole, whole_grad = run()
+  monkeypatch.setattr(pld, "MAX_ELEMENTS", 2 * 2 * max(grid.bins, grid.pmf_bins))
+  assert pld._phase_chunk(grid) == 2
+  jax.clear_caches()
+  chunked, chunked_grad = run()
+  assert float(chunked) == pytest.approx(float(whole), rel=1e-10)   # summation order only
+  np.testing.assert_allclose(chunked_grad, whole_grad, rtol=1e-10)

@@ -70,6 +70,7 @@ from jaxrdp.accounting import composition
 DEFAULT_INTERVAL = 1e-4      # Δ, dp_accounting's PLDAccountant default
 DEFAULT_TAIL_MASS = 1e-15    # the composed tail mass the window may leave out (added to δ)
 MAX_BINS = 1 << 24           # largest FFT circle / step PMF (≈ 0.5 GiB of float64 work arrays)
+MAX_ELEMENTS = 1 << 27       # phases × directions × points of a work array (1 GiB): per chunk
 _Z = 10.0                    # a step's loss range covers x ∈ [−Zσ, 1 + Zσ] (mass outside ≈ 1e-23)
 _LAMBDAS = 2.0 ** (np.arange(-12, 33) / 2)   # Chernoff orders λ of the window and its tail bound
 _LOWER_TAIL_MASS = 1e-12     # the composed mass below the window aimed at (wraps to its top)
@@ -195,22 +196,21 @@ def _log_mgf(pmf, start, interval):
   return jax.nn.logsumexp(log_sums + lam * block_top[..., None], axis=-2)
 
 
-def _product_of_powers(f, t):
-  """Π_i f_i^{t_i} over the phase axis (−2) for complex f and integer-valued t ≥ 0, as
-  exp(Σ_i t_i·log|f_i|)·e^{i·Σ_i t_i·arg f_i} (for integer t the branch of arg does not
-  matter): one exponential, sine and cosine per frequency however many phases (real log,
-  exp, sin and cos also vectorise where complex ones do not). 0 where a factor with t_i > 0
-  is 0, with finite derivatives. The phase carries arg f's rounding times t (2e-11 rad at
-  t = 5·10⁴), as any exp(t·log f) does (NumPy's and dp_accounting's powers included)."""
+def _log_spectrum(f, t):
+  """Σ_i t_i·log f_i over the phase axis (−2), as (Σ t_i log|f_i|, Σ t_i arg f_i, whether a
+  factor with t_i > 0 is 0), for complex f and integer-valued t ≥ 0: the product of powers
+  Π_i f_i^{t_i} is then exp of the first times e^{i·second} (for integer t the branch of arg
+  does not matter), one exponential, sine and cosine per frequency however many phases (real
+  log, exp, sin and cos also vectorise where complex ones do not), with finite derivatives.
+  The phase carries arg f's rounding times t (2e-11 rad at t = 5·10⁴), as any exp(t·log f)
+  does (NumPy's and dp_accounting's powers included)."""
   t = t[:, None]
   square = f.real**2 + f.imag**2
   nonzero = square > 0
   log_modulus = jnp.where(nonzero, 0.5 * jnp.log(jnp.where(nonzero, square, 1.0)), 0.0)
   angle = jnp.arctan2(jnp.where(nonzero, f.imag, 0.0), jnp.where(nonzero, f.real, 1.0))
-  vanishes = jnp.any(~nonzero & (t > 0), axis=-2)
-  modulus = jnp.where(vanishes, 0.0, jnp.exp(jnp.sum(t * log_modulus, axis=-2)))
-  phase = jnp.sum(t * angle, axis=-2)
-  return lax.complex(modulus * jnp.cos(phase), modulus * jnp.sin(phase))
+  return (jnp.sum(t * log_modulus, axis=-2), jnp.sum(t * angle, axis=-2),
+          jnp.any(~nonzero & (t > 0), axis=-2))
 
 
 def _fold(pmf, bins):
@@ -223,21 +223,49 @@ def _fold(pmf, bins):
   return padded.reshape(pmf.shape[:-1] + (laps, bins)).sum(axis=-2)
 
 
+def _phase_sums(q, sigma, t, grid):
+  """What the phases contribute, summed over them (a leading axis (remove, add) on each):
+  Σ t_i log F_i of their folded PMFs' spectra (see :func:`_log_spectrum`), Σ t_i K_i(λ),
+  Σ t_i log(1 − p_∞,i) and the offset Σ t_i start_i of the composed grid."""
+  start, pmf, above = lax.optimization_barrier(step_pmfs(q, sigma, grid.interval, grid.pmf_bins))
+  log_modulus, angle, vanishes = _log_spectrum(jnp.fft.rfft(_fold(pmf, grid.bins)), t)
+  return (log_modulus, angle, vanishes,
+          jnp.sum(t[:, None] * _log_mgf(pmf, start, grid.interval), axis=-2),
+          jnp.sum(t * jnp.log1p(-above), axis=-1),
+          jnp.sum(t.astype(jnp.int64) * start, axis=-1))
+
+
+def _phase_chunk(grid: PldGrid) -> int:
+  """Phases processed together: as many as keep the work arrays within MAX_ELEMENTS."""
+  return max(1, MAX_ELEMENTS // (2 * max(grid.bins, grid.pmf_bins)))
+
+
 def _composed(q, sigma, t, grid):
   """Both directions' composed PLDs on their windows.
 
   Returns (first, window, p_inf) with a leading axis (remove, add): the window's first point's
   index (its points are (first + k)Δ, k < bins), the masses there, and the infinite-loss mass
-  (the steps' own, and the Chernoff bound on the composed mass above the window)."""
+  (the steps' own, and the Chernoff bound on the composed mass above the window). Schedules
+  with more phases than :func:`_phase_chunk` are summed chunk by chunk in a ``lax.scan``
+  (bounded memory); padding phases have t = 0 and add nothing."""
   interval, bins = grid.interval, grid.bins
-  start, pmf, above = lax.optimization_barrier(step_pmfs(q, sigma, interval, grid.pmf_bins))
-  steps = t.astype(jnp.int64)
-  # Every step's PMF is folded from index 0; the composition is then offset by Σ_i T_i start_i.
-  spectrum = _product_of_powers(jnp.fft.rfft(_fold(pmf, bins)), t)
+  chunk = _phase_chunk(grid)
+  if q.shape[0] <= chunk:
+    sums = _phase_sums(q, sigma, t, grid)
+  else:
+    pad = -q.shape[0] % chunk
+    padded = [jnp.pad(v, (0, pad), constant_values=c).reshape(-1, chunk)
+              for v, c in ((q, 0.0), (sigma, 1.0), (t, 0.0))]
+    def add(total, phases):
+      part = _phase_sums(*phases, grid)
+      return jax.tree.map(lambda a, b: a | b if a.dtype == bool else a + b, total, part), None
+    first_part = _phase_sums(*(v[0] for v in padded), grid)
+    sums, _ = lax.scan(add, first_part, tuple(v[1:] for v in padded))
+  log_modulus, angle, vanishes, k_total, log_finite, offset = sums
+  modulus = jnp.where(vanishes, 0.0, jnp.exp(log_modulus))
+  spectrum = lax.complex(modulus * jnp.cos(angle), modulus * jnp.sin(angle))
   composed = jnp.maximum(jnp.fft.irfft(spectrum, n=bins), 0.0)           # (2, bins)
-  offset = jnp.sum(steps * start, axis=-1)
   # The window's top: the Chernoff quantile of the composed loss at tail_mass.
-  k_total = jnp.sum(t[:, None] * _log_mgf(pmf, start, interval), axis=-2)   # (2, λ)
   lam = jnp.asarray(_LAMBDAS, k_total.dtype)
   quantile = jnp.min((k_total - math.log(grid.tail_mass)) / lam, axis=-1)
   # (No finite mass at all: K = −∞ and any window will do; clipped so the index stays valid.)
@@ -246,7 +274,6 @@ def _composed(q, sigma, t, grid):
   first = top - bins + 1
   window = jax.vmap(jnp.roll)(composed, -jnp.mod(first - offset, bins))
   log_tail = jnp.min(k_total - lam * (top[:, None] + 1) * interval, axis=-1)  # above the window
-  log_finite = jnp.sum(t * jnp.log1p(-above), axis=-1)       # no step's loss infinite
   return first, window, -jnp.expm1(log_finite) + jnp.exp(log_tail)
 
 
@@ -484,18 +511,32 @@ def checked_phases(sampling_rate, noise_multiplier, steps, what):
 
 
 def grid_of(q, sigma, t, given):
-  """The grid passed, or one sized from the parameters' values where they are known."""
+  """The grid passed, or one sized from the parameters' values where they are known; a
+  ValueError where one phase's work arrays would exceed :data:`MAX_ELEMENTS`."""
   if given is not None:
     if not isinstance(given, PldGrid):
       raise TypeError(f"pld_grid must be a PldGrid (from jaxrdp.pld_grid), got {given!r}.")
-    return given
+    return _fits(q.shape[-1], given)
   values = [_host_values(v) for v in (q, sigma, t)]
   if any(v is None for v in values):
     raise ValueError(
         "the PLD accountant's array sizes depend on the parameters' values, which are traced "
         "here (inside jax.jit): pass pld_grid=jaxrdp.pld_grid(sampling_rate, noise_multiplier, "
         "steps) computed outside, for the widest schedule the function will see.")
-  return grid_for(*values)
+  return _fits(q.shape[-1], grid_for(*values))
+
+
+def _fits(phases: int, grid: PldGrid) -> PldGrid:
+  """The grid, or a ValueError if even one phase's work arrays exceed MAX_ELEMENTS (more
+  phases are processed in chunks that fit, see :func:`_composed`)."""
+  del phases
+  elements = 2 * max(grid.bins, grid.pmf_bins)
+  if elements > MAX_ELEMENTS:
+    raise ValueError(
+        f"the PLD would need work arrays of {elements:,} elements (2 directions x "
+        f"{max(grid.bins, grid.pmf_bins):,} points), more than the {MAX_ELEMENTS:,} allowed: "
+        "use a larger interval (jaxrdp.pld_grid(..., interval=...)) or accountant='rdp'.")
+  return grid
 
 
 def _valid(q, sigma, t, other, other_domain):
