@@ -100,9 +100,9 @@ def dpsgd_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typ
       (``refine_order`` does not apply) and is never smaller than the improved one.
     accountant: ``"rdp"`` (the default: exact RDP at every order, the fastest path, float32
       and float64) or ``"pld"``: the privacy-loss distribution of the schedule
-      (:func:`jaxrdp.pld_epsilon`), tight where RDP is loose (small q and ε ≲ 2: RDP's ε is
-      up to ~3x the PLD's), float64 only, steps whole numbers. ``orders``, ``refine_order``
-      and ``method`` belong to the RDP accountant.
+      (:func:`jaxrdp.pld_epsilon`), tight where RDP is loose (RDP's ε is 1.05–3.8x the
+      PLD's on random schedules, most at small q and ε ≲ 1), float64 only, steps whole
+      numbers. ``orders``, ``refine_order`` and ``method`` belong to the RDP accountant.
     pld_grid: with ``accountant="pld"`` inside ``jax.jit``, the static grid sizes
       (:func:`jaxrdp.pld_grid`); sized from the arguments otherwise.
 
