@@ -56,9 +56,6 @@ import json
 import math
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 
 import jax
@@ -71,6 +68,9 @@ import dp_accounting  # noqa: E402
 from dp_accounting.pld import pld_privacy_accountant  # noqa: E402
 
 from jaxrdp.accounting import pld  # noqa: E402
+
+# A fresh process with no compilation cache of any kind, as bench_latency.py launches them.
+from bench_latency import _run  # noqa: E402  (this script's folder is on sys.path)
 
 INTERVAL = 1e-4
 CONFIGS = ((0.01, 1.1, 10_000, 1e-5), (0.001, 0.8, 30_000, 1e-8), (0.01, 1.0, 50_000, 1e-6))
@@ -198,26 +198,6 @@ def bench_warm(args):
 
 # ---------------------------------------------------------------------------------------------
 # 2. First call in a fresh process (as in bench_latency.py).
-
-
-def _clean_env(tmp: str) -> dict:
-  env = {k: v for k, v in os.environ.items()
-         if not k.startswith("JAX_COMPILATION_CACHE") and k != "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"}
-  env.update(HOME=tmp, XDG_CACHE_HOME=tmp, JAXRDP_CACHE_DIR="", JAX_PLATFORMS="cpu")
-  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env["PYTHONPATH"] = repo + os.pathsep + env.get("PYTHONPATH", "")
-  return env
-
-
-def _run(code: str) -> tuple[float, str]:
-  with tempfile.TemporaryDirectory() as tmp:
-    t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", code], env=_clean_env(tmp), capture_output=True,
-                         text=True, check=False)
-    wall = time.perf_counter() - t0
-  if out.returncode != 0:
-    raise RuntimeError(f"subprocess failed:\n{out.stderr[-3000:]}")
-  return wall, out.stdout.strip().splitlines()[-1]
 
 
 def bench_first_call(args):

@@ -161,3 +161,12 @@ def test_many_phases_are_composed_in_chunks_with_the_same_value_and_gradient(mon
   chunked, chunked_grad = run()
   assert float(chunked) == pytest.approx(float(whole), rel=1e-10)   # summation order only
   np.testing.assert_allclose(chunked_grad, whole_grad, rtol=1e-10)
+
+
+def test_calibrated_steps_when_rdp_allows_only_a_few():
+  # Few steps (RDP allows 4, PLD 6): the search grows the bracket by whole steps; and a
+  # target that not even one step meets is refused under PLD as under RDP.
+  steps = int(jaxrdp.calibrate_steps(2.0, DELTA, 0.3, 2.0, accountant="pld"))
+  assert _pld(0.3, 2.0, steps) <= 2.0 < _pld(0.3, 2.0, steps + 1)
+  with pytest.raises(ValueError, match="even with one step"):
+    jaxrdp.calibrate_steps(0.3, DELTA, 0.3, 2.0, accountant="pld")

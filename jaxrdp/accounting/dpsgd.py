@@ -814,10 +814,17 @@ def calibrate_steps(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.Arra
                        noise_multiplier=noise_multiplier, delta=delta)
   max_steps = validation.check_int("max_steps", max_steps, lo=1)
   if use_pld(accountant, orders=orders):
-    safe = calibrate_steps(target_epsilon, delta, sampling_rate, noise_multiplier,
-                           max_steps=max_steps)
-    return _pld_calibration("steps", target_epsilon, delta, safe, sampling_rate=sampling_rate,
-                            noise_multiplier=noise_multiplier, max_steps=max_steps)
+    try:
+      safe = calibrate_steps(target_epsilon, delta, sampling_rate, noise_multiplier,
+                             max_steps=max_steps)
+    except ValueError:   # not one step under RDP; the tighter PLD may still allow some
+      safe = 0.0
+    steps = _pld_calibration("steps", target_epsilon, delta, safe, sampling_rate=sampling_rate,
+                             noise_multiplier=noise_multiplier, max_steps=max_steps)
+    if float(steps) == 0:
+      raise ValueError(f"target_epsilon={float(target_epsilon)} is not reachable even with one "
+                       "step.")
+    return steps
   q, sigma, _ = schedule_phases(sampling_rate, noise_multiplier, 1.0)
   if q.shape != (1,):
     raise ValueError("calibrate_steps takes a constant sampling_rate and noise_multiplier.")
@@ -888,8 +895,8 @@ def _pld_calibration(unknown, target, delta, safe, max_steps=None, **fixed):
   far = safe
   while True:   # the bracket's far end: the first value (steps of 25 %) that misses the target
     nxt = clip(far * outward, limit)
-    if unknown == "steps":
-      nxt = float(math.floor(nxt))
+    if unknown == "steps":   # whole counts, at least one more (1.25·far rounds down to far)
+      nxt = float(min(max(math.floor(nxt), far + 1), limit))
     grid = pld.grid_of(*pld.checked_phases(*as_schedule(np.float64(nxt)), "calibration"), None)
     if nxt == far or epsilon(nxt, grid) > target:
       break

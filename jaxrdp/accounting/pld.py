@@ -292,13 +292,18 @@ def _epsilon_of(first, window, p_inf, delta, interval):
   δ at a grid point is δ(l_k) = p_∞ + S₀(k+1) − e^{l_k − l_top}·S₁(k+1), with suffix sums
   S₀(j) = Σ_{i≥j} p_i and S₁(j) = Σ_{i≥j} p_i e^{l_top − l_i}, found in two levels: at the ends
   of blocks of :data:`_READ_BLOCK` points, then inside the block where δ crosses the target.
-  The exponent l_top − l_i is capped at 700 (points more than 700 below the window's top):
-  a smaller S₁ only raises δ there, so the point found is never below the true one, and the
-  ε below never smaller."""
+  Points more than 700 below the window's top (where e^{l_top − l_i} would overflow) are
+  left out of S₁, and e^{l_k − l_top} may underflow to 0: both only lower the subtracted
+  term, so δ(l_k) is never below the true one, the point found never below the true one, and
+  the ε below never smaller (exact wherever the bins above ε lie within 700 of the top, which
+  holds for every window up to 700 wide). ε is kept in [l_{k−1}, l_k], the interval the
+  closed form is exact on, so no rounding can move it below l_{k−1}."""
   d, n = window.shape
   nb = n // _READ_BLOCK
   index = jnp.arange(n)
-  weight = jnp.exp(jnp.minimum((n - 1 - index) * interval, 700.0))
+  below_top = (n - 1 - index) * interval
+  weight = jnp.where(below_top <= 700.0, jnp.exp(jnp.minimum(below_top, 700.0)), 0.0)
+  down = jnp.exp(-below_top)                                     # e^{l_k − l_top}
   w = lax.stop_gradient(window)
   p_inf_0 = lax.stop_gradient(p_inf)
   blocks = w.reshape(d, nb, _READ_BLOCK)
@@ -307,14 +312,14 @@ def _epsilon_of(first, window, p_inf, delta, interval):
   after = jnp.pad(lax.cumsum(sums, axis=2, reverse=True)[..., 1:], [(0, 0), (0, 0), (0, 1)])
   # δ at each block's last point; the first block whose last point meets δ holds the crossing.
   last = index[_READ_BLOCK - 1::_READ_BLOCK]
-  block = jnp.argmax(p_inf_0[:, None] + after[0] - after[1] / weight[last] <= delta, axis=-1)
+  block = jnp.argmax(p_inf_0[:, None] + after[0] - after[1] * down[last] <= delta, axis=-1)
   inside = jnp.take_along_axis(blocks, block[:, None, None], axis=1)[:, 0]           # (d, B)
   inside = jnp.stack([inside, inside * block_weight[block]])                          # (2, d, B)
   beyond = jnp.take_along_axis(after, block[None, :, None], axis=2)                  # (2, d, 1)
   strictly_after = jnp.arange(_READ_BLOCK)[:, None] > jnp.arange(_READ_BLOCK)
   suffix = inside @ strictly_after.astype(w.dtype) + beyond          # S(k + 1) inside the block
   k_all = block[:, None] * _READ_BLOCK + jnp.arange(_READ_BLOCK)
-  delta_at = p_inf_0[:, None] + suffix[0] - suffix[1] / weight[k_all]
+  delta_at = p_inf_0[:, None] + suffix[0] - suffix[1] * down[k_all]
   met = delta_at <= delta
   k = block * _READ_BLOCK + jnp.argmax(met, axis=-1)
   found = jnp.any(met, axis=-1)
@@ -329,7 +334,8 @@ def _epsilon_of(first, window, p_inf, delta, interval):
          + (first + n - 1) * interval)
   # Not in closed form: δ ≤ p_∞ (ε = +inf), or δ met at the first point (ε at or below it:
   # that point, a bound).
-  eps = jnp.where(ok, jnp.minimum(eps, at_k), jnp.where(found, at_k, jnp.inf))
+  below = jnp.where(k > 0, at_k - interval, -jnp.inf)   # l_{k−1}: δ(l_{k−1}) > δ was found
+  eps = jnp.where(ok, jnp.clip(eps, below, at_k), jnp.where(found, at_k, jnp.inf))
   return jnp.maximum(eps, 0.0)
 
 
@@ -583,13 +589,8 @@ def pld_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typin
     Manurangsi, PETS 2022 (connect the dots); Zhu, Dong, Wang, AISTATS 2022, Thm. 11
     (the dominating pairs of the Poisson-subsampled Gaussian).
   """
-  validation.check_all(sampling_rate=sampling_rate, noise_multiplier=noise_multiplier,
-                       steps=steps, delta=delta)
-  q, sigma, t = checked_phases(sampling_rate, noise_multiplier, steps, "the PLD accountant")
-  grid = grid_of(q, sigma, t, pld_grid)
-  delta = validation.to_device(delta, np.float64)
-  eps = pld_epsilon_unchecked(q, sigma, t, delta, grid)
-  return jnp.where(_valid(q, sigma, t, delta, "delta"), eps, jnp.nan)
+  return _evaluate(pld_epsilon_unchecked, sampling_rate, noise_multiplier, steps, "delta",
+                   delta, pld_grid)
 
 
 def pld_delta(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
@@ -613,10 +614,17 @@ def pld_delta(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.
   Raises:
     ValueError: as :func:`pld_epsilon`. TypeError: float32 arguments.
   """
+  return _evaluate(pld_delta_unchecked, sampling_rate, noise_multiplier, steps, "epsilon",
+                   epsilon, pld_grid)
+
+
+def _evaluate(kernel, sampling_rate, noise_multiplier, steps, name, value, given_grid):
+  """``kernel(q, σ, T, value, grid)`` after the public checks (``name``: "delta" or
+  "epsilon"), NaN under jit where an argument is invalid."""
   validation.check_all(sampling_rate=sampling_rate, noise_multiplier=noise_multiplier,
-                       steps=steps, epsilon=epsilon)
+                       steps=steps, **{name: value})
   q, sigma, t = checked_phases(sampling_rate, noise_multiplier, steps, "the PLD accountant")
-  grid = grid_of(q, sigma, t, pld_grid)
-  epsilon = validation.to_device(epsilon, np.float64)
-  delta = pld_delta_unchecked(q, sigma, t, epsilon, grid)
-  return jnp.where(_valid(q, sigma, t, epsilon, "epsilon"), delta, jnp.nan)
+  grid = grid_of(q, sigma, t, given_grid)
+  value = validation.to_device(value, np.float64)
+  result = kernel(q, sigma, t, value, grid)
+  return jnp.where(_valid(q, sigma, t, value, name), result, jnp.nan)
