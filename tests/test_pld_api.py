@@ -170,3 +170,19 @@ def test_calibrated_steps_when_rdp_allows_only_a_few():
   assert _pld(0.3, 2.0, steps) <= 2.0 < _pld(0.3, 2.0, steps + 1)
   with pytest.raises(ValueError, match="even with one step"):
     jaxrdp.calibrate_steps(0.3, DELTA, 0.3, 2.0, accountant="pld")
+
+
+def test_epsilon_read_from_a_window_wider_than_700_is_never_below_the_truth():
+  # A window 2048 wide at Δ = 1 (e^{l_top − l} would overflow below top − 709): its ε must
+  # meet δ by the direct sum δ(ε) = Σ_k p_k (1 − e^{ε − l_k})₊ (no reference point, no
+  # overflow), and be tight within one grid step. (Read-out weights once capped at e^700
+  # made the far bins count too little and the ε too small.)
+  from jaxrdp.accounting import pld
+  window = np.zeros((1, 2048))
+  window[0, [90, 100, 1500, 2000]] = [0.1, 0.4, 0.3, 0.2]
+  first, p_inf, interval = jnp.zeros(1, jnp.int64), jnp.zeros(1), 1.0
+  for delta in (0.75, 0.6, 0.45, 0.1):
+    eps = float(pld._epsilon_of(first, jnp.asarray(window), p_inf, delta, interval)[0])
+    exact = lambda e: float(pld._delta_of(first, jnp.asarray(window), p_inf, e, interval)[0])
+    assert exact(eps) <= delta * (1 + 1e-12), (delta, eps, exact(eps))
+    assert exact(max(eps - interval, 0.0)) > delta or eps == 0.0, (delta, eps)
