@@ -622,7 +622,8 @@ def _evaluate(kernel, sampling_rate, noise_multiplier, steps, name, value, given
   """``kernel(q, σ, T, value, grid)`` after the public checks (``name``: "delta" or
   "epsilon"), NaN under jit where an argument is invalid."""
   validation.check_all(sampling_rate=sampling_rate, noise_multiplier=noise_multiplier,
-                       steps=steps, **{name: value})
+                       steps=steps)
+  validation.check(name, value)   # "delta" or "epsilon", entries of the domain table
   q, sigma, t = checked_phases(sampling_rate, noise_multiplier, steps, "the PLD accountant")
   grid = grid_of(q, sigma, t, given_grid)
   value = validation.to_device(value, np.float64)
