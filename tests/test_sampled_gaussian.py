@@ -49,6 +49,61 @@ def test_zero_steps_spend_nothing_even_at_infinite_orders():
   np.testing.assert_array_equal(jaxrdp.compute_rdp(0.1, 1.0, 0, [2.0, np.inf]), [0.0, 0.0])
 
 
+def _log_a_mpmath(q, sigma, alpha, dps=40):
+  """log A_alpha by mpmath quadrature of its definition, E_{N(0, sigma^2)}[(1 - q + q L)^alpha]."""
+  import mpmath as mp
+  with mp.workdps(dps):
+    q, sigma, alpha = mp.mpf(q), mp.mpf(sigma), mp.mpf(alpha)
+    f = lambda z: mp.npdf(z, 0, sigma) * (1 - q + q * mp.e ** ((2 * z - 1) / (2 * sigma ** 2))) ** alpha
+    # Breakpoints at the bumps (near 0, 2 and the right mode, at most alpha) and their tails.
+    cuts = sorted({-10 * sigma, mp.mpf(0), mp.mpf(1), mp.mpf(2), alpha, alpha + 10 * sigma})
+    return float(mp.log(mp.quad(f, [-mp.inf] + cuts + [mp.inf])))
+
+
+def _nearly_degenerate_modes(n, seed=3):
+  """(q, sigma, alpha) where the smallest or largest root of h(z) = z - alpha p(z) is (nearly)
+  an inflection: q solves h(z_turn) = 0 at a turn of h, then is moved by 1e-5 or 1e-3."""
+  from scipy.optimize import brentq
+  from scipy.special import expit
+  rng = np.random.default_rng(seed)
+  points = []
+  while len(points) < n:
+    sigma, alpha = rng.uniform(0.3, 5), rng.uniform(1.05, 64)
+    s2 = sigma * sigma
+    c = s2 / alpha
+    if c >= 0.25:
+      continue
+    root = np.sqrt(1 - 4 * c)
+    w = np.log((1 + root) / 2) - np.log(2 * c / (1 + root))
+    for side in (-1, 1):
+      def h_at_turn(q_logit):
+        z = 0.5 - s2 * q_logit + side * s2 * w
+        return z - alpha * expit(side * w)
+      if h_at_turn(-40) * h_at_turn(40) > 0:
+        continue
+      q = expit(brentq(h_at_turn, -40, 40))
+      if 1e-8 < q < 0.99:
+        points += [(q * f, sigma, alpha) for f in (1 - 1e-3, 1 - 1e-5, 1, 1 + 1e-5, 1 + 1e-3)]
+  return np.asarray(points[:n])
+
+
+def test_nearly_degenerate_mode_is_certified():
+  # Where a root of z = alpha p(z) is about to merge with the antimode, the log integrand is
+  # flat there (an inflection) and its quadratic width was the floor's 8 sigma: the window was
+  # too wide for 257 nodes and log A came back +inf (1 of 1.7e7 random GPU triples; ~1 % of
+  # points near the merge). The cubic width keeps it certified, and exact.
+  q, sigma, alpha = 0.2595268487930298, 0.5191839337348938, 2.1
+  value = float(jaxrdp.log_a(q, sigma, alpha))
+  reference = _log_a_mpmath(q, sigma, alpha)
+  assert abs(value - reference) <= 1e-12 * reference, (value, reference)
+  points = _nearly_degenerate_modes(3000)
+  values = np.asarray(jaxrdp.log_a(points[:, 0], points[:, 1], points[:, 2]))
+  assert np.all(np.isfinite(values)), points[~np.isfinite(values)][:5]
+  for i in np.random.default_rng(0).choice(len(points), 4, replace=False):
+    reference = _log_a_mpmath(*points[i])
+    assert abs(values[i] - reference) <= 1e-12 * reference, (points[i], values[i], reference)
+
+
 # --- agreement with dp_accounting -------------------------------------------------------------
 
 def _grid():

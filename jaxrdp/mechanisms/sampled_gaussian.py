@@ -275,8 +275,20 @@ def _modes(q_logit, sigma, alpha, steps=_BISECTION_STEPS):
   roots = _bisect(h, jnp.stack([r_lo, l_lo], axis=-1), jnp.stack([r_hi, l_hi], axis=-1),
                   steps)
   p = p_of(roots)
-  curvature = 1 - ex(alpha) * p * (1 - p) / ex(s2)  # -(d^2/dz^2 log integrand) * sigma^2
+  spread = ex(alpha) * p * (1 - p)
+  curvature = 1 - spread / ex(s2)  # -(d^2/dz^2 log integrand) * sigma^2
   widths = ex(sigma) / jnp.sqrt(jnp.maximum(curvature, 1.0 / 64))
+  # A root where the curvature vanishes (the left or right mode about to merge with the
+  # antimode) is an inflection: there the log integrand falls cubically away from the other
+  # mode, by |h''| t^3 / (6 sigma^2) with h'' = -alpha p(1-p)(1-2p)/sigma^4, so it has fallen
+  # by _HALF_WIDTH^2/2 nats (what the quadratic width gives) within _HALF_WIDTH times `cubic`
+  # (never below sigma, the width of the Gaussian factor and of the bumps at 0 and 2). Without this cap such a root got the floor's width, 8 sigma, and a window too wide for
+  # 257 nodes (+inf: q = 0.2595, sigma = 0.519, alpha = 2.1). Narrower windows stay sound: the
+  # edges must still have decayed (_assess).
+  skew = spread * jnp.abs(1 - 2 * p)
+  drop = 3 * _HALF_WIDTH ** 2 * ex(s2) ** 3   # 6 sigma^6 * (_HALF_WIDTH^2 / 2)
+  cubic = jnp.cbrt(drop / _where(skew > 0, skew, 1.0)) / _HALF_WIDTH
+  widths = _where(skew > 0, jnp.maximum(jnp.minimum(widths, cubic), ex(sigma)), widths)
   z_right, z_left, w_right, w_left = roots[..., 0], roots[..., 1], widths[..., 0], widths[..., 1]
   return z_left, w_left, z_right, w_right
 
