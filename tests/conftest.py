@@ -6,13 +6,26 @@ that importing it leaves the flag alone). float32 tests pass float32 arrays expl
 """
 
 import json
+import os
 import pathlib
 
-import jax
-import numpy as np
-import pytest
+# The suite compiles with the XLA:CPU options that jaxrdp's own eager calls use
+# (jaxrdp/_internal/compilation.py: the classic loop emitters and LLVM's lighter pipeline; the
+# same arithmetic, no fast-math), so that the tests' own ``jax.jit`` programs compile ~1.5x
+# faster too. tests/test_default_compiler_options.py checks the kernel against the mpmath
+# references with XLA's defaults, in a child process. JAXRDP_TEST_XLA_DEFAULTS=1 runs the
+# whole suite with the defaults. Set before JAX starts its backend; child processes inherit it.
+FAST_XLA_FLAGS = ("--xla_cpu_use_fusion_emitters=false", "--xla_backend_optimization_level=1")
+if os.environ.get("JAXRDP_TEST_XLA_DEFAULTS") != "1":
+  _flags = os.environ.get("XLA_FLAGS", "").split()
+  os.environ["XLA_FLAGS"] = " ".join(_flags + [f for f in FAST_XLA_FLAGS if f not in _flags])
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
+
 
 DATA = pathlib.Path(__file__).parent / "data"
 
