@@ -64,6 +64,7 @@ from jax import lax
 import numpy as np
 
 from jaxrdp._internal import compilation
+from jaxrdp._internal import numerics
 from jaxrdp._internal import validation
 
 _BLOCK = 32               # intervals per window at level 0; midpoints per refinement block
@@ -80,22 +81,9 @@ _TAIL_STEPS = 24
 _HALF_WIDTH = 11.0        # window half-width in local standard deviations (e^{-60})
 _LOG_HALF = math.log(0.5)
 
-
-def _where(condition, x, y):
-  """``jnp.where(condition, x, y)`` for a boolean condition, as one ``lax.select``: the same
-  broadcasting and dtype promotion, without jnp.where's nested ``jax.jit``, whose tracing (once
-  per new combination of shapes) is a measurable part of a fresh process's first call."""
-  dtype = jnp.result_type(x, y)
-  shape = np.broadcast_shapes(np.shape(condition), np.shape(x), np.shape(y))
-
-  def full(v, dt):
-    if isinstance(v, (bool, int, float)):
-      return lax.full(shape, v, dt)
-    v = lax.convert_element_type(v, dt) if v.dtype != dt else v
-    if v.shape == shape:
-      return v
-    return lax.broadcast_in_dim(v, shape, tuple(range(len(shape) - v.ndim, len(shape))))
-  return lax.select(full(condition, np.bool_), full(x, dtype), full(y, dtype))
+_where = numerics.select
+_exp_floor = numerics.exp_floor
+_logsumexp = numerics.logsumexp
 
 
 def _pow2(k):
@@ -109,12 +97,6 @@ def _log_exprel_nonpositive(t):
   nonzero = t != 0
   t_safe = _where(nonzero, t, -1.0)
   return _where(nonzero, jnp.log(jnp.expm1(t_safe) / t_safe), 0.0)
-
-
-def _exp_floor(dtype):
-  """Smallest exponent whose exp is a normal number. Arguments of exp are clamped to it
-  where a result below it is negligible: subnormal arithmetic is ~100x slower on CPUs."""
-  return math.log(float(jnp.finfo(dtype).tiny)) + 1.0
 
 
 def _softplus(x):
@@ -291,16 +273,6 @@ def _modes(q_logit, sigma, alpha, steps=_BISECTION_STEPS):
   widths = _where(skew > 0, jnp.maximum(jnp.minimum(widths, cubic), ex(sigma)), widths)
   z_right, z_left, w_right, w_left = roots[..., 0], roots[..., 1], widths[..., 0], widths[..., 1]
   return z_left, w_left, z_right, w_right
-
-
-def _logsumexp(x, axis=-1):
-  """log sum exp over ``axis``; -inf when every entry is -inf (lean version for CPU speed)."""
-  top = jnp.max(x, axis=axis, keepdims=True)
-  top = lax.stop_gradient(_where(jnp.isfinite(top), top, 0.0))
-  # Terms below e^-(~700) of the largest are dropped rather than summed as subnormals.
-  terms = jnp.exp(jnp.maximum(x - top, _exp_floor(x.dtype)))
-  terms = _where(x - top >= _exp_floor(x.dtype), terms, 0.0)
-  return jnp.log(jnp.sum(terms, axis=axis)) + jnp.squeeze(top, axis)
 
 
 def _sum_with_mean(v, dv, axis):

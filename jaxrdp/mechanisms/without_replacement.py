@@ -70,6 +70,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxrdp._internal import numerics
 from jaxrdp._internal import validation
 
 _TRACED_MAX_ORDER = 1024     # number of terms when ``orders`` is traced (no concrete maximum)
@@ -204,13 +205,6 @@ def _log_integrand(center, offset, ell, s2, m):
   return jnp.where(zero, -jnp.inf, out)
 
 
-def _logsumexp(x, axis=-1):
-  """log Σ exp over ``axis`` (−inf when every entry is −inf); lean, for compile time."""
-  top = lax.stop_gradient(jnp.max(x, axis=axis, keepdims=True))
-  top = jnp.where(jnp.isfinite(top), top, 0.0)
-  return jnp.log(jnp.sum(jnp.exp(x - top), axis=axis)) + jnp.squeeze(top, axis)
-
-
 def _window_sums(center, half, ell, s2, m):
   """Trapezoid sums (log) on [center - half, center + half] relative to m: the full rule, the
   rule on every second node, and the log-integrand at both ends (times the step)."""
@@ -219,8 +213,8 @@ def _window_sums(center, half, ell, s2, m):
   log_f = _log_integrand(x(center), x(half) * t, x(ell), x(s2), x(m))
   log_h = jnp.log(2 * half / (_NODES - 1))
   ends = jnp.zeros(_NODES, s2.dtype).at[0].set(math.log(0.5)).at[-1].set(math.log(0.5))
-  full = _logsumexp(log_f + ends, axis=-1) + log_h
-  coarse = _logsumexp(log_f[..., ::2] + ends[::2], axis=-1) + log_h + math.log(2.0)
+  full = numerics.logsumexp(log_f + ends, axis=-1) + log_h
+  coarse = numerics.logsumexp(log_f[..., ::2] + ends[::2], axis=-1) + log_h + math.log(2.0)
   return full, coarse, log_f[..., 0] + log_h, log_f[..., -1] + log_h
 
 
@@ -295,7 +289,7 @@ def _log_a_int(log_q, n, log_b, log_factorial):
   k = jnp.where(inside, jnp.minimum(i, n[:, None] - i), 0.0).astype(jnp.int32)
   log_comb = jnp.take_along_axis(prefix, k, axis=-1) - log_factorial[k]
   log_terms = jnp.where(inside, i * log_q[:, None] + log_comb + log_b, -jnp.inf)
-  return jax.nn.softplus(_logsumexp(log_terms, axis=-1))
+  return jax.nn.softplus(numerics.logsumexp(log_terms, axis=-1))
 
 
 def _rdp_rows(q, alpha, rows, log_b, log_factorial):
