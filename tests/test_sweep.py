@@ -130,6 +130,23 @@ def test_inverse_sweep_equals_calibrate_noise_multiplier_per_cell():
   assert np.isnan(got).sum() >= 1 and np.isfinite(got).sum() >= 6
 
 
+def test_inverse_sweep_cells_do_not_depend_on_the_grid_with_a_short_order_grid():
+  # A short order grid gets blocks of at most 32 searches on CPU (not 4096 / 6 = 682, which
+  # made a small grid almost all padding), still of a fixed size: a cell is the same, bitwise,
+  # whether computed in a small grid or in a larger one that contains it, and meets its target.
+  orders = np.array([2.0, 4.0, 8.0, 16.0, 32.0, 64.0])
+  kw = dict(deltas=np.array([1e-5]), orders=orders)
+  small = np.asarray(sweep_noise_multiplier(np.array([1.0, 4.0]), sampling_rates=np.array([0.01]),
+                                            steps=np.array([1000.0]), **kw))
+  large = np.asarray(sweep_noise_multiplier(np.array([0.5, 1.0, 2.0, 4.0]),
+                                            sampling_rates=np.array([0.001, 0.01, 0.1]),
+                                            steps=np.array([100.0, 1000.0, 10_000.0]), **kw))
+  np.testing.assert_array_equal(small[:, 0, 0, 0], large[[1, 3], 1, 1, 0])
+  for sigma, target in zip(small[:, 0, 0, 0], (1.0, 4.0)):
+    eps = jaxrdp.dpsgd_epsilon(0.01, sigma, 1000, 1e-5, orders=orders, refine_order=False)
+    assert float(eps) <= target * (1 + 1e-13)
+
+
 def test_progress_bar(eps64, capsys):
   import tqdm  # noqa: F401  (a test extra: the progress path always runs)
   np.testing.assert_array_equal(np.asarray(sweep(Q, SIGMA, T, DELTA, progress=True)), eps64)

@@ -65,6 +65,11 @@ _BLOCK_ELEMENTS = {"cpu": 4096}
 _BLOCK_ELEMENTS_ACCELERATOR = 65536
 _CALL_BLOCKS = 64               # default blocks per device per call of the forward sweep
 _SEARCH_CALL_BLOCKS = 4         # ... and of the inverse sweep (searches are ~20x costlier)
+# At most this many searches per block on CPU: the search loop runs every search of a block,
+# padding included, until the last has converged, and a short order grid (4096 / 6 orders =
+# 682 searches per block) made a small grid almost all padding (18 cells: 3.1 s warm, 0.1 s
+# with this cap). 4096 // 170 default orders = 24 is below it: those blocks are unchanged.
+_SEARCH_BLOCK_MAX = {"cpu": 32}
 _COMBO_BLOCK = 8                # (T, δ) combinations per conversion block
 _OUTPUT_ELEMENTS = 2 ** 22      # ε values per call, at most (more (T, δ) -> more calls)
 
@@ -193,8 +198,8 @@ def sweep_noise_multiplier(target_epsilons: jax.typing.ArrayLike, *,
     steps: 1-D array of T step counts ≥ 0.
     orders: the order grid (default :data:`jaxrdp.DEFAULT_ORDERS`), 1-D.
     chunk_size: at most this many cells per compiled call (rounded up to whole blocks of
-      ~4096 / len(orders) cells on every device); default 4 blocks per device. Results do
-      not depend on it.
+      ~4096 / len(orders) cells, at most 32, on every CPU device); default 4 blocks per
+      device. Results do not depend on it.
     progress: show a progress bar (needs ``tqdm``).
     devices: the devices to spread the work over (default: all local devices).
 
@@ -222,7 +227,8 @@ def sweep_noise_multiplier(target_epsilons: jax.typing.ArrayLike, *,
   axes = [np.asarray(v.astype(dtype)) for v in (eps, q, t, delta)]
   shape = tuple(v.size for v in axes)
   n_cells = math.prod(shape)
-  block, chunk = _layout(n_cells, grid.size, chunk_size, _SEARCH_CALL_BLOCKS, mesh)
+  block, chunk = _layout(n_cells, grid.size, chunk_size, _SEARCH_CALL_BLOCKS, mesh,
+                         _SEARCH_BLOCK_MAX)
   search_fn = _search_fn(mesh, block)
   out = np.empty(n_cells, dtype)
   filler = (1.0, 0.5, 0.0, 0.5)   # target ε = 1, q = 1/2, T = 0, δ = 1/2: found at once
@@ -375,12 +381,16 @@ def _mesh(devices):
   return Mesh(np.array(devices), (_AXIS,))
 
 
-def _layout(n_items, n_orders, chunk_size, call_blocks, mesh):
+def _layout(n_items, n_orders, chunk_size, call_blocks, mesh, max_block=None):
   """(block, chunk): items per block, and per call: whole blocks on every device, at least two
   (XLA inlines a loop of one iteration, which changes the compiled block), balanced so that
-  the last call is not mostly padding."""
-  target = _BLOCK_ELEMENTS.get(mesh.devices.flat[0].platform, _BLOCK_ELEMENTS_ACCELERATOR)
+  the last call is not mostly padding. ``max_block``: at most this many items per block, by
+  platform (none where not given)."""
+  platform = mesh.devices.flat[0].platform
+  target = _BLOCK_ELEMENTS.get(platform, _BLOCK_ELEMENTS_ACCELERATOR)
   block = max(2, target // n_orders)
+  if max_block and platform in max_block:
+    block = min(block, max_block[platform])
   unit = block * mesh.devices.size
   return block, max(2 * unit, _balanced_chunk(n_items, chunk_size or unit * call_blocks, unit))
 
