@@ -8,6 +8,8 @@ that importing it leaves the flag alone). float32 tests pass float32 arrays expl
 import json
 import os
 import pathlib
+import subprocess
+import sys
 
 # The suite compiles with the XLA:CPU options that jaxrdp's own eager calls use
 # (jaxrdp/_internal/compilation.py: the classic loop emitters and LLVM's lighter pipeline; the
@@ -15,10 +17,26 @@ import pathlib
 # faster too. tests/test_default_compiler_options.py checks the kernel against the mpmath
 # references with XLA's defaults, in a child process. JAXRDP_TEST_XLA_DEFAULTS=1 runs the
 # whole suite with the defaults. Set before JAX starts its backend; child processes inherit it.
+# XLA aborts the process on a flag it does not know (jaxlib 0.11 has no fusion-emitters flag),
+# so the flags are first tried in a child process, once: the xdist workers inherit the result.
 FAST_XLA_FLAGS = ("--xla_cpu_use_fusion_emitters=false", "--xla_backend_optimization_level=1")
+
+
+def _with_fast_flags():
+  flags = os.environ.get("XLA_FLAGS", "").split()
+  missing = [f for f in FAST_XLA_FLAGS if f not in flags]
+  if not missing or os.environ.get("JAXRDP_TEST_XLA_PROBED") == "1":
+    return
+  os.environ["JAXRDP_TEST_XLA_PROBED"] = "1"
+  env = dict(os.environ, XLA_FLAGS=" ".join(flags + missing), JAX_PLATFORMS="cpu")
+  probe = subprocess.run([sys.executable, "-c", "import jax.numpy as jnp; jnp.ones(2).sum()"],
+                         env=env, capture_output=True, timeout=300)
+  if probe.returncode == 0:
+    os.environ["XLA_FLAGS"] = env["XLA_FLAGS"]
+
+
 if os.environ.get("JAXRDP_TEST_XLA_DEFAULTS") != "1":
-  _flags = os.environ.get("XLA_FLAGS", "").split()
-  os.environ["XLA_FLAGS"] = " ".join(_flags + [f for f in FAST_XLA_FLAGS if f not in _flags])
+  _with_fast_flags()
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

@@ -75,3 +75,22 @@ def test_default_xla_options_meet_the_references():
                         text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert proc.stdout.strip().endswith("OK")
+
+
+def test_an_option_this_jaxlib_does_not_know_is_dropped(monkeypatch):
+  # XLA renames and retires its flags (jaxlib 0.11 rejects xla_cpu_use_fusion_emitters with
+  # "No such compile option"): eager calls must then compile without that option, not fail.
+  import jax
+  import numpy as np
+
+  from jaxrdp._internal import compilation
+  monkeypatch.setattr(compilation, "_CPU_OPTIONS",
+                      dict(compilation._CPU_OPTIONS, xla_cpu_option_from_the_future=True))
+  monkeypatch.setattr(compilation, "_UNSUPPORTED", set())
+  x = np.arange(3.0)
+  executable = compilation._compile_with_options(jax.jit(lambda v: v * 2.5 + 1.0).lower(x))
+  np.testing.assert_array_equal(np.asarray(executable(x)), [1.0, 3.5, 6.0])
+  assert "xla_cpu_option_from_the_future" in compilation._UNSUPPORTED
+  # And through an entry point (on the CPU backend, where the options are used).
+  f = compilation.jit(lambda v: v * 2.5 + 1.0)
+  np.testing.assert_array_equal(np.asarray(f(x + 1.0)), [3.5, 6.0, 8.5])

@@ -34,6 +34,7 @@ from __future__ import annotations
 import collections
 import functools
 import inspect
+import re
 import threading
 
 import jax
@@ -80,6 +81,26 @@ def _batched_in_a_trace(x) -> bool:
   return batched(x) and isinstance(getattr(x, "val", None), jax.core.Tracer)
 
 
+_UNSUPPORTED = set()   # options of _CPU_OPTIONS that this jaxlib rejected (dropped from then on)
+_UNKNOWN_OPTION = re.compile(r"No such compile option: '([^']+)'")
+
+
+def _compile_with_options(lowered):
+  """``lowered.compile`` with :data:`_CPU_OPTIONS`, less any option this jaxlib does not know
+  (XLA renames and retires its flags: jaxlib 0.11 rejects ``xla_cpu_use_fusion_emitters``).
+  A rejected option is dropped for the rest of the process and the compilation retried; the
+  options only choose how code is generated, so without them the results are the same."""
+  while True:
+    options = {k: v for k, v in _CPU_OPTIONS.items() if k not in _UNSUPPORTED}
+    try:
+      return lowered.compile(compiler_options=options) if options else lowered.compile()
+    except Exception as error:  # noqa: BLE001 - XLA's runtime error type moves between jaxlibs
+      unknown = _UNKNOWN_OPTION.search(str(error))
+      if unknown is None or unknown.group(1) not in options:
+        raise
+      _UNSUPPORTED.add(unknown.group(1))
+
+
 def jit(fun=None, *, static_argnames=(), work=None):
   """``jax.jit`` that compiles with :data:`_CPU_OPTIONS` on the CPU backend where it can.
   ``work``: optional estimate of a call's work in elements, from its bound arguments (a dict)."""
@@ -88,7 +109,6 @@ def jit(fun=None, *, static_argnames=(), work=None):
   static_argnames = tuple(static_argnames)
   signature = inspect.signature(fun)
   plain = jax.jit(fun, static_argnames=static_argnames)
-  with_options = jax.jit(fun, static_argnames=static_argnames, compiler_options=_CPU_OPTIONS)
   executables = collections.OrderedDict()
   lock = threading.Lock()
 
@@ -119,7 +139,8 @@ def jit(fun=None, *, static_argnames=(), work=None):
     if executable is None:
       size = work(arguments) if work else sum(getattr(x, "size", 1) for x in leaves)
       heavy = size >= _RUN_TIME_ELEMENTS
-      executable = (plain if heavy else with_options).lower(**arguments).compile()
+      lowered = plain.lower(**arguments)
+      executable = lowered.compile() if heavy else _compile_with_options(lowered)
       with lock:
         executables[key] = executable
         while len(executables) > _CACHE_SIZE:
