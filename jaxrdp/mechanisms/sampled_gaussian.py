@@ -264,9 +264,10 @@ def _modes(q_logit, sigma, alpha, steps=_BISECTION_STEPS):
   # antimode) is an inflection: there the log integrand falls cubically away from the other
   # mode, by |h''| t^3 / (6 sigma^2) with h'' = -alpha p(1-p)(1-2p)/sigma^4, so it has fallen
   # by _HALF_WIDTH^2/2 nats (what the quadratic width gives) within _HALF_WIDTH times `cubic`
-  # (never below sigma, the width of the Gaussian factor and of the bumps at 0 and 2). Without this cap such a root got the floor's width, 8 sigma, and a window too wide for
-  # 257 nodes (+inf: q = 0.2595, sigma = 0.519, alpha = 2.1). Narrower windows stay sound: the
-  # edges must still have decayed (_assess).
+  # (never below sigma, the width of the Gaussian factor and of the bumps at 0 and 2). Without
+  # this cap such a root got the floor's width, 8 sigma, and a window too wide for 257 nodes
+  # (+inf: q = 0.2595, sigma = 0.519, alpha = 2.1). Narrower windows stay sound: the edges
+  # must still have decayed (_assess).
   skew = spread * jnp.abs(1 - 2 * p)
   drop = 3 * _HALF_WIDTH ** 2 * ex(s2) ** 3   # 6 sigma^6 * (_HALF_WIDTH^2 / 2)
   cubic = jnp.cbrt(drop / _where(skew > 0, skew, 1.0)) / _HALF_WIDTH
