@@ -94,3 +94,39 @@ def test_an_option_this_jaxlib_does_not_know_is_dropped(monkeypatch):
   # And through an entry point (on the CPU backend, where the options are used).
   f = compilation.jit(lambda v: v * 2.5 + 1.0)
   np.testing.assert_array_equal(np.asarray(f(x + 1.0)), [3.5, 6.0, 8.5])
+
+
+def test_the_garbage_collector_is_paused_while_compiling_and_restored():
+  # Eager entry points trace and compile with Python's cyclic collector off (a full collection
+  # during a first call costs ~50-60 ms), then restore it: on if it was on, off if the user
+  # had switched it off, also when the compilation fails.
+  import gc
+
+  import numpy as np
+
+  from jaxrdp._internal import compilation
+  seen = []
+
+  def traced(v):
+    seen.append(gc.isenabled())
+    return v + 1.0
+
+  assert gc.isenabled()
+  np.testing.assert_array_equal(np.asarray(compilation.jit(traced)(np.arange(2.0))), [1.0, 2.0])
+  assert seen == [False] and gc.isenabled()
+
+  def failing(v):
+    raise RuntimeError("trace failed")
+  try:
+    compilation.jit(failing)(np.arange(2.0))
+  except RuntimeError:
+    pass
+  assert gc.isenabled()
+
+  gc.disable()
+  try:
+    seen.clear()
+    compilation.jit(traced)(np.arange(3.0))
+    assert seen == [False] and not gc.isenabled()
+  finally:
+    gc.enable()

@@ -32,7 +32,9 @@ shared-node quadrature ~2.5x better, are used.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
+import gc
 import inspect
 import re
 import threading
@@ -101,6 +103,35 @@ def _compile_with_options(lowered):
       _UNSUPPORTED.add(unknown.group(1))
 
 
+_GC_PAUSE = threading.Lock()   # guards the two below across threads compiling at once
+_gc_pausers = 0                # compilations in progress
+_gc_resume = False             # whether the collector was on when the first of them began
+
+
+@contextlib.contextmanager
+def _gc_paused():
+  """Python's cyclic garbage collector off while a program is traced, lowered and compiled,
+  as it was before afterwards. Tracing allocates hundreds of thousands of short-lived objects,
+  and with JAX's imported modules on the heap each full collection they trigger takes ~50-60 ms
+  (one or two per first call of a jaxrdp entry point: ~7 % of it). Nothing is left
+  uncollected: the collector runs again, as usual, once it is back on; reference counting
+  frees everything else as before. Nested and concurrent compilations share one pause; a
+  collector the user switched off stays off."""
+  global _gc_pausers, _gc_resume
+  with _GC_PAUSE:
+    if _gc_pausers == 0:
+      _gc_resume = gc.isenabled()
+      gc.disable()
+    _gc_pausers += 1
+  try:
+    yield
+  finally:
+    with _GC_PAUSE:
+      _gc_pausers -= 1
+      if _gc_pausers == 0 and _gc_resume:
+        gc.enable()
+
+
 def jit(fun=None, *, static_argnames=(), work=None):
   """``jax.jit`` that compiles with :data:`_CPU_OPTIONS` on the CPU backend where it can.
   ``work``: optional estimate of a call's work in elements, from its bound arguments (a dict)."""
@@ -128,7 +159,8 @@ def jit(fun=None, *, static_argnames=(), work=None):
         return fun(*args, **kwargs)
       return plain(*args, **kwargs)
     if jax.default_backend() != "cpu":
-      return plain(*args, **kwargs)
+      with _gc_paused():   # jax.jit's own cache: this call may be the one that compiles
+        return plain(*args, **kwargs)
     statics = tuple((k, arguments[k]) for k in static_argnames if k in arguments)
     key = (treedef, tuple(_leaf_key(x) for x in leaves), statics, jax.config.jax_enable_x64,
            str(jax.config.jax_default_device))
@@ -139,8 +171,9 @@ def jit(fun=None, *, static_argnames=(), work=None):
     if executable is None:
       size = work(arguments) if work else sum(getattr(x, "size", 1) for x in leaves)
       heavy = size >= _RUN_TIME_ELEMENTS
-      lowered = plain.lower(**arguments)
-      executable = lowered.compile() if heavy else _compile_with_options(lowered)
+      with _gc_paused():
+        lowered = plain.lower(**arguments)
+        executable = lowered.compile() if heavy else _compile_with_options(lowered)
       with lock:
         executables[key] = executable
         while len(executables) > _CACHE_SIZE:
