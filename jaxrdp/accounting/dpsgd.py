@@ -36,6 +36,7 @@ from jax import lax
 import numpy as np
 
 from jaxrdp._internal import compilation
+from jaxrdp._internal import loops
 from jaxrdp._internal import validation
 from jaxrdp.accounting import composition
 from jaxrdp.accounting.composition import schedule_phases
@@ -272,7 +273,7 @@ def _grid_search(q, sigma, t, delta, orders, split, tables, refine_steps):
     eps, pending = _grid_values(q, sigma, t, delta, alphas, split, tables, fallback=True)
     return _search_update(state, eps, pending, orders, refine_steps, jnp)
   state = jax.tree_util.tree_map(jnp.asarray, _search_start(orders.dtype))
-  return _search_result(lax.while_loop(lambda st: st[-1], step, state), delta, jnp)[:2]
+  return _search_result(loops.while_loop(lambda st: st[-1], step, state), delta, jnp)[:2]
 
 
 _SLOTS_APART = 1 << 14   # from this many (phase, order) elements on, refinement steps evaluate
@@ -505,7 +506,7 @@ def _safe_boundary(g, s0, s_min, s_max):
   def body(state):
     x = _boundary_point(state, s0, s_min, s_max, jnp)
     return _boundary_update(state, x, *g(x), s_min, s_max, jnp)
-  state = lax.while_loop(lambda st: ~st[5] & (st[7] < _BOUNDARY_STEPS), body,
+  state = loops.while_loop(lambda st: ~st[5] & (st[7] < _BOUNDARY_STEPS), body,
                          jax.tree_util.tree_map(jnp.asarray, _boundary_start(s0.dtype)))
   return state[1], state[6], state[8]
 
@@ -852,7 +853,7 @@ def _calibrate_steps(target, delta, per_step, grid, max_steps):
     good = ok(mid)
     return jnp.where(good, mid, lo), jnp.where(good, hi, mid)
   lo, hi = jnp.asarray(0.0, per_step.dtype), jnp.asarray(max_steps + 1, per_step.dtype)
-  lo, _ = lax.fori_loop(0, 64, body, (lo, hi))
+  lo, _ = loops.fori_loop(0, 64, body, (lo, hi))
   return lo
 
 

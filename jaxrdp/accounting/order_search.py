@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxrdp._internal import loops
 from jaxrdp.accounting.conversion import compute_epsilon, epsilon_at_orders
 
 BATCH = 8          # orders evaluated per step of the search
@@ -190,7 +191,7 @@ def grid_epsilon(composed_rdp, grid, delta, *, refine_steps=0, initial=None,
   # The first step evaluates a spread of orders (every unknown order is a candidate).
   state = (jnp.zeros((k + 1,), dtype), known0, best0, alpha0, zero, lo0, hi0, zero, ~known0,
            jnp.zeros((k + 1,), dtype))
-  state = lax.while_loop(cond, body, state)
+  state = loops.while_loop(cond, body, state)
   if return_evaluations:
     return state[2], state[3], state[4] * BATCH
   return state[2], state[3]

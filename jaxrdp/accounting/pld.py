@@ -64,6 +64,7 @@ from jax import lax
 import numpy as np
 
 from jaxrdp._internal import compilation
+from jaxrdp._internal import loops
 from jaxrdp._internal import validation
 from jaxrdp.accounting import composition
 
@@ -260,7 +261,7 @@ def _composed(q, sigma, t, grid):
       part = _phase_sums(*phases, grid)
       return jax.tree.map(lambda a, b: a | b if a.dtype == bool else a + b, total, part), None
     first_part = _phase_sums(*(v[0] for v in padded), grid)
-    sums, _ = lax.scan(add, first_part, tuple(v[1:] for v in padded))
+    sums, _ = loops.scan(add, first_part, tuple(v[1:] for v in padded))
   log_modulus, angle, vanishes, k_total, log_finite, offset = sums
   modulus = jnp.where(vanishes, 0.0, jnp.exp(log_modulus))
   spectrum = lax.complex(modulus * jnp.cos(angle), modulus * jnp.sin(angle))

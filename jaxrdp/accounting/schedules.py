@@ -36,6 +36,7 @@ import numpy as np
 
 from jaxrdp._internal import compilation
 from jaxrdp._internal import deprecation
+from jaxrdp._internal import loops
 from jaxrdp._internal import validation
 from jaxrdp.accounting.order_search import grid_epsilon
 from jaxrdp.accounting.dpsgd import (REFINE_STEPS, dpsgd_epsilon_unchecked, order_grid,
@@ -261,4 +262,4 @@ def _prefix_epsilon(q, sigma, prefix, delta, grid, per_step):
     eps, order = compute_epsilon(grid, rdp, delta)
     return grid_epsilon(lambda alphas: schedule_rdp(q, sigma, tt, alphas), grid, delta,
                         refine_steps=REFINE_STEPS, initial=(eps, order))[0]
-  return jax.lax.map(one, prefix)
+  return loops.map(one, prefix)

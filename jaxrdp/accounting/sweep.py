@@ -49,6 +49,7 @@ from jax import lax
 from jax.sharding import Mesh, PartitionSpec
 
 from jaxrdp._internal import deprecation
+from jaxrdp._internal import loops
 from jaxrdp._internal import validation
 from jaxrdp.accounting.dpsgd import calibrate_sigma_unchecked, order_grid
 from jaxrdp.accounting.conversion import compute_epsilon
@@ -259,7 +260,7 @@ def _compose(rdp, t):
 def _in_blocks(fn, block, *arrays):
   """fn on consecutive blocks of ``block`` items of each array (leading axis), concatenated."""
   blocked = tuple(a.reshape((-1, block) + a.shape[1:]) for a in arrays)
-  out = lax.map(lambda xs: fn(*xs), blocked)
+  out = loops.map(lambda xs: fn(*xs), blocked)
   return jax.tree_util.tree_map(lambda v: v.reshape((-1,) + v.shape[2:]), out)
 
 
@@ -292,7 +293,7 @@ def _epsilon_fn(mesh, block):
     def one_block(rdp):
       def one_combo_block(t, d):
         return compute_epsilon(grid, _compose(rdp[:, None, :], t[None, :, None]), d[None, :])[0]
-      eps = lax.map(lambda td: one_combo_block(*td), (combo_t, combo_d))  # (blocks, pairs, 8)
+      eps = loops.map(lambda td: one_combo_block(*td), (combo_t, combo_d))  # (blocks, pairs, 8)
       return jnp.moveaxis(eps, 0, 1).reshape(rdp.shape[0], -1)
     return _in_blocks(one_block, block, rdp)
   return _sharded(local, mesh, 1, 3)

@@ -101,6 +101,7 @@ import jax.numpy as jnp
 from jax import lax
 import optax
 
+from jaxrdp._internal import loops
 from jaxrdp._internal import validation
 from jaxrdp.training.microbatch import batch_size_of, check_mask
 from jaxrdp.training.sampling import poisson_sample
@@ -350,14 +351,14 @@ def _trial_runner(tx_or_factory, statistic, canary_index, sampling_rate, num_ste
           raise ValueError(f"statistic must return a scalar per step, got shape {s.shape}.")
         return state, s.astype(jnp.promote_types(s.dtype, jnp.float32))
 
-      _, stats = lax.scan(step, state, included)
+      _, stats = loops.scan(step, state, included)
       return stats, included
 
     xs = (trial_keys, inclusion_keys, present)
     if trial_keys.shape[0] == chunk:
       return jax.vmap(trial)(xs)
     # Trial counts are padded to a multiple of the chunk: lax.map then compiles one body.
-    return lax.map(trial, xs, batch_size=chunk)
+    return loops.map(trial, xs, batch_size=chunk)
 
   return jax.jit(run)
 

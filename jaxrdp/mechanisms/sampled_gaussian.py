@@ -64,6 +64,7 @@ from jax import lax
 import numpy as np
 
 from jaxrdp._internal import compilation
+from jaxrdp._internal import loops
 from jaxrdp._internal import numerics
 from jaxrdp._internal import validation
 
@@ -217,7 +218,7 @@ def _bisect(fn, lo, hi, steps):
     mid = 0.5 * (lo + hi)
     neg = fn(mid) <= 0
     return _where(neg, mid, lo), _where(neg, hi, mid)
-  lo, hi = lax.fori_loop(0, steps, body, (lo, hi))
+  lo, hi = loops.fori_loop(0, steps, body, (lo, hi))
   return 0.5 * (lo + hi)
 
 
@@ -554,7 +555,7 @@ def _refine(place, q, sigma, alpha, log_t, d_t, edge, failed, total_coarse, with
     packed = packed.at[write].set(jnp.concatenate(out, axis=-1), mode="drop")
     return packed, pending.at[write].set(~done, mode="drop")
 
-  packed, _ = lax.while_loop(lambda st: jnp.any(st[1]), body, (packed, failed))
+  packed, _ = loops.while_loop(lambda st: jnp.any(st[1]), body, (packed, failed))
   d_t = packed[:, 17:23].reshape(size, 2, 3) if n_grad else None
   return packed[:, 13:15], d_t, packed[:, 11] > 0
 
@@ -998,7 +999,7 @@ def _in_row_blocks(fn, rows, *arrays):
   pad = n_blocks * rows - n
   split = lambda v: jnp.concatenate([v, jnp.broadcast_to(v[:1], (pad,) + v.shape[1:])]).reshape(
       (n_blocks, rows) + v.shape[1:])
-  out = lax.map(fn, tuple(split(v) for v in arrays))
+  out = loops.map(fn, tuple(split(v) for v in arrays))
   return jax.tree_util.tree_map(lambda v: v.reshape((n_blocks * rows,) + v.shape[2:])[:n], out)
 
 
@@ -1439,7 +1440,7 @@ def _log_j_levels(q, sigma, orders):
     left = left - jnp.sum(valid & finished, dtype=np.int32)
     return packed.at[idx, width:].set(out, mode="drop"), left   # out-of-range writes are dropped
 
-  packed, _ = lax.while_loop(lambda c: c[1] > 0, body, (packed, np.int32(r)))
+  packed, _ = loops.while_loop(lambda c: c[1] > 0, body, (packed, np.int32(r)))
   return cell(packed[:, width:], 4)
 
 
@@ -1506,7 +1507,7 @@ def _quadrature_values(q, sigma, alphas, groups, fallback):
     return log_j.at[idx].set(value, mode="drop"), pending.at[idx].set(False, mode="drop")
 
   log_j = log_j.reshape(-1)
-  log_j, _ = lax.while_loop(lambda st: jnp.any(st[1]), body, (log_j, ~jnp.isfinite(log_j)))
+  log_j, _ = loops.while_loop(lambda st: jnp.any(st[1]), body, (log_j, ~jnp.isfinite(log_j)))
   return log_j.reshape(n, m)
 
 

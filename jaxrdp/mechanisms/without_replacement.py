@@ -70,6 +70,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxrdp._internal import loops
 from jaxrdp._internal import numerics
 from jaxrdp._internal import validation
 
@@ -154,7 +155,7 @@ def _in_chunks(fn, arrays, chunk):
   pad = n_chunks * chunk - size
   split = lambda v: jnp.concatenate([v, jnp.broadcast_to(v[:1], (pad,) + v.shape[1:])]).reshape(
       (n_chunks, chunk) + v.shape[1:])
-  out = lax.map(fn, tuple(split(v) for v in arrays))
+  out = loops.map(fn, tuple(split(v) for v in arrays))
   return jax.tree_util.tree_map(lambda v: v.reshape((n_chunks * chunk,) + v.shape[2:])[:size], out)
 
 
@@ -184,7 +185,7 @@ def _modes(ell, s2, m):
 
   lo = jnp.zeros(m.shape + (2,), m.dtype)
   hi = jnp.stack([s * jnp.sqrt(ell), s * jnp.sqrt(2 * ell) + 2 * ell * s2], axis=-1)
-  lo, hi = lax.fori_loop(0, _BISECTION_STEPS, body, (lo, hi))
+  lo, hi = loops.fori_loop(0, _BISECTION_STEPS, body, (lo, hi))
   root = 0.5 * (lo + hi)
   return root[..., 0], root[..., 1]
 

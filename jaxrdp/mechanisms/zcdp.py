@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrdp._internal import deprecation
+from jaxrdp._internal import loops
 from jaxrdp._internal import numerics
 from jaxrdp._internal import validation
 
@@ -232,7 +233,7 @@ def _safeguarded_newton(fn, lo, hi, x0):
     ok = (df > 0) & (step >= lo) & (step <= hi)
     return lo, hi, jnp.where(ok, step, 0.5 * (lo + hi))
 
-  _, _, x = jax.lax.fori_loop(0, _NEWTON_STEPS, body, (lo, hi, x0))
+  _, _, x = loops.fori_loop(0, _NEWTON_STEPS, body, (lo, hi, x0))
   return x
 
 

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxrdp._internal import loops
 from jaxrdp._internal import validation
 
 
@@ -197,5 +198,5 @@ def clipped_grad_sum(loss_fn: Callable[..., jax.Array], params, batch, l2_norm_c
     part = clip_and_sum(grad_fn(params, examples), clip, m)
     return jax.tree.map(lambda a, b: a + b.astype(a.dtype), total, part), None
 
-  total, _ = lax.scan(body, zero, (micro, micro_mask))
+  total, _ = loops.scan(body, zero, (micro, micro_mask))
   return ClippedGradSum(total, clip)

@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxrdp._internal import loops
 from jaxrdp._internal import validation
 
 _CHUNK = 1 << 16          # examples whose random bits are drawn at once
@@ -167,7 +168,7 @@ def _sample(key, threshold, everything, n, m):
   if num_chunks == 1:
     count, idx = body(0, carry)
   else:
-    count, idx = lax.fori_loop(0, num_chunks, body, carry)
+    count, idx = loops.fori_loop(0, num_chunks, body, carry)
   mask = jnp.arange(m, dtype=jnp.int32) < count
   return jnp.where(mask, idx, 0), mask
 

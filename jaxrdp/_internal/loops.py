@@ -1,0 +1,60 @@
+"""jaxrdp's structured loops: ``lax`` loops that stay loops while an entry point is traced.
+
+Entry points (:func:`jaxrdp._internal.compilation.jit`) trace their bodies under
+``jax.disable_jit()``: every ``jax.numpy`` function is a small nested ``jax.jit``, and tracing
+each of them as a jaxpr of its own (once per new combination of shapes) was ~40 % of tracing
+jaxrdp's kernels; with jit disabled they bind their primitives directly into the one jaxpr
+being built, which is the same program. But under ``jax.disable_jit()``, ``lax.scan``,
+``lax.map`` and ``lax.fori_loop`` run as Python loops (unrolled into the jaxpr), and
+``lax.while_loop`` runs its body once in Python before falling back to a loop (the body traced
+twice). The functions here are those of ``lax`` with jit enabled for the loop itself and, when
+it was disabled at the call, disabled again inside the loop's functions; they are the only
+loops jaxrdp uses (``tests/test_default_compiler_options.py`` checks both).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+from jax import lax
+
+
+def without_nested_jit(fun):
+  """``fun`` run under ``jax.disable_jit()``: called while a jaxpr is being traced, the
+  ``jax.numpy`` functions it calls bind their primitives into that jaxpr directly instead of
+  being traced as nested jaxprs first (same program, much less Python)."""
+  @functools.wraps(fun)
+  def call(*args, **kwargs):
+    with jax.disable_jit():
+      return fun(*args, **kwargs)
+  return call
+
+
+def _loop(run, *functions):
+  """``run(*functions)`` with the loop traced as a loop: where jit is disabled (an entry
+  point's trace), enabled for the loop and disabled again inside its functions."""
+  if not jax.config.jax_disable_jit:
+    return run(*functions)
+  with jax.disable_jit(False):
+    return run(*(without_nested_jit(f) for f in functions))
+
+
+def while_loop(cond_fun, body_fun, init_val):
+  """:func:`jax.lax.while_loop`, a loop also inside an entry point's trace."""
+  return _loop(lambda c, b: lax.while_loop(c, b, init_val), cond_fun, body_fun)
+
+
+def fori_loop(lower, upper, body_fun, init_val):
+  """:func:`jax.lax.fori_loop`, a loop also inside an entry point's trace."""
+  return _loop(lambda b: lax.fori_loop(lower, upper, b, init_val), body_fun)
+
+
+def scan(f, init, xs=None, length=None):
+  """:func:`jax.lax.scan`, a loop also inside an entry point's trace."""
+  return _loop(lambda g: lax.scan(g, init, xs, length=length), f)
+
+
+def map(f, xs, batch_size=None):  # noqa: A001 - lax.map's name
+  """:func:`jax.lax.map`, a loop also inside an entry point's trace."""
+  return _loop(lambda g: lax.map(g, xs, batch_size=batch_size), f)

@@ -1,0 +1,109 @@
+"""Entry points trace their bodies with nested jits disabled, and their loops stay loops.
+
+``jaxrdp._internal.compilation.jit`` traces an entry point's body under ``jax.disable_jit()``
+(every ``jax.numpy`` function then binds its primitives straight into the one jaxpr instead of
+being traced as a nested jaxpr first). Under ``jax.disable_jit()`` the ``lax`` loops would run
+in Python (``scan``, ``map``, ``fori_loop`` unrolled; ``while_loop``'s body traced twice), so
+jaxrdp's loops go through ``jaxrdp._internal.loops``, which keeps them loops.
+"""
+
+import pathlib
+import re
+
+import jax
+import jax.extend
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrdp._internal import compilation
+from jaxrdp._internal import loops
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "jaxrdp"
+
+
+def _primitives(jaxpr):
+  names = []
+  for eqn in jaxpr.eqns:
+    names.append(eqn.primitive.name)
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (list, tuple)) else [param]:
+        if isinstance(sub, jax.extend.core.ClosedJaxpr):
+          names += _primitives(sub.jaxpr)
+        elif isinstance(sub, jax.extend.core.Jaxpr):
+          names += _primitives(sub)
+  return names
+
+
+def test_an_entry_point_traces_without_nested_jits_and_its_loops_stay_loops():
+  calls = {"body": 0, "cond": 0, "fori": 0, "scan": 0, "map": 0}
+  disabled = []
+
+  def counted(name, fn):
+    def call(*args):
+      calls[name] += 1
+      disabled.append(jax.config.jax_disable_jit)
+      return fn(*args)
+    return call
+
+  def program(x):
+    disabled.append(jax.config.jax_disable_jit)
+    # A while loop whose counter starts concrete: run in Python, its body would be traced
+    # once eagerly and once more as the loop.
+    total, _ = loops.while_loop(counted("cond", lambda c: c[1] < 5),
+                                counted("body", lambda c: (c[0] + jnp.sum(x), c[1] + 1)),
+                                (jnp.zeros((), x.dtype), np.int32(0)))
+    total = loops.fori_loop(0, 7, counted("fori", lambda i, t: t * 1.5), total)
+    total, ys = loops.scan(counted("scan", lambda t, v: (t + v, v * v)), total, x)
+    squares = loops.map(counted("map", lambda v: v * 2.0), ys)
+    return total + jnp.sum(squares)
+
+  f = compilation.jit(program)
+  x = np.arange(1.0, 10.0)
+  names = _primitives(f.trace(x).jaxpr.jaxpr)
+  # fori_loop with static bounds and map are scans too.
+  assert names.count("while") == 1 and names.count("scan") == 3, names
+  assert calls == {"body": 1, "cond": 1, "fori": 1, "scan": 1, "map": 1}
+  # Nested jits disabled in the body and inside every loop.
+  assert disabled and all(disabled)
+  expected = 5 * x.sum() * 1.5 ** 7 + x.sum() + 2 * (x * x).sum()
+  np.testing.assert_allclose(float(f(x)), expected, rtol=1e-12)
+  # Outside an entry point they are plain lax loops, with jit as it was.
+  disabled.clear()
+  np.testing.assert_allclose(float(jax.jit(program)(x)), expected, rtol=1e-12)
+  assert disabled and not any(disabled)
+
+
+def test_a_user_s_disable_jit_still_gets_loops_and_the_same_values():
+  import jaxrdp
+  orders = [1.5, 2.0, 2.5]
+  plain = np.asarray(jaxrdp.compute_rdp(0.01, 1.1, 10, orders))
+  with jax.disable_jit():
+    debugged = np.asarray(jaxrdp.compute_rdp(0.01, 1.1, 10, orders))
+  np.testing.assert_array_equal(debugged, plain)
+
+
+def test_jaxrdp_has_no_other_loops():
+  pattern = re.compile(r"\blax\.(while_loop|fori_loop|scan|map)\(")
+  offenders = [f"{path.relative_to(PACKAGE)}:{i}"
+               for path in sorted(PACKAGE.rglob("*.py")) if path.name != "loops.py"
+               for i, line in enumerate(path.read_text().splitlines(), 1)
+               if pattern.search(line) and "``" not in line]
+  assert not offenders, offenders
+
+
+def test_an_entry_point_inside_another_is_a_nested_jit_traced_once():
+  # Inside an entry point's trace jit is disabled, but jaxrdp's own entry points called there
+  # stay real nested jits: their jaxpr is traced once and reused by every program calling it.
+  traced = []
+
+  @compilation.jit
+  def inner(v):
+    traced.append(jax.config.jax_disable_jit)
+    return jnp.exp(v) * 2.0
+
+  first = compilation.jit(lambda v: inner(v) + 1.0)
+  second = compilation.jit(lambda v: inner(v) - 1.0)
+  x = np.arange(3.0)
+  np.testing.assert_allclose(np.asarray(first(x)), np.exp(x) * 2.0 + 1.0, rtol=1e-15)
+  np.testing.assert_allclose(np.asarray(second(x)), np.exp(x) * 2.0 - 1.0, rtol=1e-15)
+  assert traced == [True]
