@@ -107,3 +107,51 @@ def test_an_entry_point_inside_another_is_a_nested_jit_traced_once():
   np.testing.assert_allclose(np.asarray(first(x)), np.exp(x) * 2.0 + 1.0, rtol=1e-15)
   np.testing.assert_allclose(np.asarray(second(x)), np.exp(x) * 2.0 - 1.0, rtol=1e-15)
   assert traced == [True]
+
+
+def test_prepared_programs_compile_in_the_background_once_and_errors_reach_the_call(monkeypatch):
+  # compilation.jit(f).prepare(args) traces and lowers now and compiles in a background
+  # thread; the call with the same arguments waits for that compilation instead of starting
+  # its own, and a compilation that fails raises at the call.
+  traced = []
+
+  def program(v):
+    traced.append(1)
+    return jnp.sin(v) * 3.0
+
+  f = compilation.jit(program)
+  x = np.linspace(0.0, 1.0, 5)
+  f.prepare(x)
+  f.prepare(x)   # already prepared: nothing more
+  assert len(traced) == 1
+  np.testing.assert_allclose(np.asarray(f(x)), np.sin(x) * 3.0, rtol=1e-15)
+  assert len(traced) == 1
+
+  def failing(lowered):
+    raise RuntimeError("compilation failed")
+  monkeypatch.setattr(compilation, "_compile_with_options", failing)
+  g = compilation.jit(lambda v: v + 1.0)
+  g.prepare(x)   # the error surfaces at the call, not here
+  try:
+    g(x)
+  except RuntimeError as error:
+    assert "compilation failed" in str(error)
+  else:
+    raise AssertionError("the failed compilation did not raise")
+
+
+def test_a_mixed_grid_is_two_programs_whose_columns_land_where_their_orders_are():
+  # compute_rdp's eager path evaluates the integer orders (exact sums) and the others
+  # (shared nodes) of one grid as two programs and puts each column back at its order.
+  import jaxrdp
+  orders = np.array([3.0, 1.5, 64.0, 2.25, 2.0, 10.5, 1.0, 128.0, np.inf, 7.75])
+  q, sigma = np.array([0.01, 0.2, 0.003]), np.array([1.1, 3.0, 0.8])
+  mixed = np.asarray(jaxrdp.compute_rdp(q, sigma, 100, orders))
+  integer = np.isin(orders, [3.0, 64.0, 2.0, 128.0])
+  alone = np.empty_like(mixed)
+  alone[:, integer] = np.asarray(jaxrdp.compute_rdp(q, sigma, 100, orders[integer]))
+  alone[:, ~integer] = np.asarray(jaxrdp.compute_rdp(q, sigma, 100, orders[~integer]))
+  np.testing.assert_array_equal(mixed, alone)
+  # And the values themselves: the closed form at alpha = 2, A_2 = 1 + q^2 (e^{1/sigma^2} - 1).
+  np.testing.assert_allclose(mixed[:, 4], 100 * np.log1p(q * q * np.expm1(1 / sigma ** 2)),
+                             rtol=1e-13)

@@ -29,12 +29,16 @@ estimate), run time dominates instead, and the default emitters, which vectorise
 shared-node quadrature ~2.5x better, are used.
 
 The entry points' bodies are traced with the nested ``jax.jit`` of ``jax.numpy`` functions
-disabled (:mod:`jaxrdp._internal.loops`): the same program, traced in ~40 % less time.
+disabled (:mod:`jaxrdp._internal.loops`): the same program, traced in ~40 % less time. A caller
+that needs several programs can ``prepare`` each first (traced and lowered at once, compiled in
+a background thread, XLA releasing the GIL), so that tracing one overlaps compiling another
+(:func:`jaxrdp.accounting.composition.by_order_parts`).
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import functools
 import gc
@@ -139,6 +143,18 @@ def _gc_paused():
         gc.enable()
 
 
+_BACKGROUND = []   # the thread pool of background compilations, created on first use
+
+
+def _background_compiler():
+  """Two threads for :func:`jit`'s background compilations (created on first use)."""
+  with _GC_PAUSE:
+    if not _BACKGROUND:
+      _BACKGROUND.append(concurrent.futures.ThreadPoolExecutor(
+          max_workers=2, thread_name_prefix="jaxrdp-compile"))
+    return _BACKGROUND[0]
+
+
 def jit(fun=None, *, static_argnames=(), work=None):
   """``jax.jit`` that compiles with :data:`_CPU_OPTIONS` on the CPU backend where it can.
   ``work``: optional estimate of a call's work in elements, from its bound arguments (a dict)."""
@@ -151,13 +167,47 @@ def jit(fun=None, *, static_argnames=(), work=None):
   executables = collections.OrderedDict()
   lock = threading.Lock()
 
-  @functools.wraps(fun)
-  def call(*args, **kwargs):
+  def bind(args, kwargs):
     bound = signature.bind(*args, **kwargs)
     bound.apply_defaults()
     arguments = bound.arguments
     dynamic = {k: v for k, v in arguments.items() if k not in static_argnames}
     leaves, treedef = jax.tree_util.tree_flatten(dynamic)
+    return arguments, dynamic, leaves, treedef
+
+  def eager(leaves):
+    return (not any(isinstance(x, jax.core.Tracer) for x in leaves)
+            and jax.default_backend() == "cpu")
+
+  def entry(arguments, leaves, treedef, background):
+    """The executable for these concrete arguments: cached, or traced and lowered now and
+    compiled now (or, with ``background``, in a background thread: a Future)."""
+    statics = tuple((k, arguments[k]) for k in static_argnames if k in arguments)
+    key = (treedef, tuple(_leaf_key(x) for x in leaves), statics, jax.config.jax_enable_x64,
+           str(jax.config.jax_default_device))
+    with lock:
+      found = executables.get(key)
+      if found is not None:
+        executables.move_to_end(key)
+        return key, found
+    size = work(arguments) if work else sum(getattr(x, "size", 1) for x in leaves)
+    heavy = size >= _RUN_TIME_ELEMENTS
+    with _gc_paused():
+      lowered = plain.lower(**arguments)
+      if background:
+        found = _background_compiler().submit(
+            lowered.compile if heavy else functools.partial(_compile_with_options, lowered))
+      else:
+        found = lowered.compile() if heavy else _compile_with_options(lowered)
+    with lock:
+      executables[key] = found
+      while len(executables) > _CACHE_SIZE:
+        executables.popitem(last=False)
+    return key, found
+
+  @functools.wraps(fun)
+  def call(*args, **kwargs):
+    arguments, dynamic, leaves, treedef = bind(args, kwargs)
     if any(isinstance(x, jax.core.Tracer) for x in leaves):
       if any(_batched_in_a_trace(x) for x in leaves):
         # Inlined: a jax.jit function under jax.vmap is traced for the unbatched shapes,
@@ -172,23 +222,12 @@ def jit(fun=None, *, static_argnames=(), work=None):
     if jax.default_backend() != "cpu":
       with _gc_paused(), jax.disable_jit(False):   # jax.jit's cache: this call may compile
         return plain(*args, **kwargs)
-    statics = tuple((k, arguments[k]) for k in static_argnames if k in arguments)
-    key = (treedef, tuple(_leaf_key(x) for x in leaves), statics, jax.config.jax_enable_x64,
-           str(jax.config.jax_default_device))
-    with lock:
-      executable = executables.get(key)
-      if executable is not None:
-        executables.move_to_end(key)
-    if executable is None:
-      size = work(arguments) if work else sum(getattr(x, "size", 1) for x in leaves)
-      heavy = size >= _RUN_TIME_ELEMENTS
-      with _gc_paused():
-        lowered = plain.lower(**arguments)
-        executable = lowered.compile() if heavy else _compile_with_options(lowered)
+    key, executable = entry(arguments, leaves, treedef, background=False)
+    if isinstance(executable, concurrent.futures.Future):   # compiling in the background
+      future, executable = executable, executable.result()
       with lock:
-        executables[key] = executable
-        while len(executables) > _CACHE_SIZE:
-          executables.popitem(last=False)
+        if executables.get(key) is future:
+          executables[key] = executable
     if jax.config.jax_disable_jit:
       # A user's jax.disable_jit() (debugging their own code): ahead-of-time executables
       # refuse to run under it, and jaxrdp's kernels op by op would take minutes.
@@ -196,5 +235,16 @@ def jit(fun=None, *, static_argnames=(), work=None):
         return executable(**dynamic)
     return executable(**dynamic)
 
+  def prepare(*args, **kwargs):
+    """Trace and lower the program of an eager call with these arguments now, and compile
+    it in a background thread (XLA releases the GIL): a caller that needs several programs
+    prepares them all, so that each one's tracing (Python, one core) overlaps the others'
+    compilation; the call itself then waits for its compilation. Does nothing where the
+    call would not compile ahead of time (tracers, other backends) or is compiled already."""
+    arguments, _, leaves, treedef = bind(args, kwargs)
+    if eager(leaves):
+      entry(arguments, leaves, treedef, background=True)
+
+  call.prepare = prepare
   call.trace = plain.trace
   return call

@@ -79,14 +79,53 @@ def rdp_curve(q, noise_multiplier, steps, orders):
   else:
     size = compilation.bucket(n)
     pad = lambda v, fill: np.concatenate([v.reshape(-1), np.full(size - n, fill, dtype)])
-    rdp, pending = compute_rdp_unchecked(pad(q, 0.5), pad(sigma, 1.0), pad(steps, 1.0),
-                                         np.asarray(orders, dtype), split, tables, fallback=False)
+    padded = (pad(q, 0.5), pad(sigma, 1.0), pad(steps, 1.0))
+    rdp, pending = by_order_parts(compute_rdp_unchecked, padded, np.asarray(orders, dtype),
+                                  split, tables, fallback=False)
     shape = batch + orders.shape
-    rdp, pending = np.asarray(rdp)[:n].reshape(shape), np.asarray(pending)[:n].reshape(shape)
+    rdp, pending = rdp[:n].reshape(shape), pending[:n].reshape(shape)
   pending = np.asarray(pending)
   if not pending.any():
     return validation.to_device(rdp)
   return sampled_gaussian.fill_pending(rdp, pending, q, sigma, orders, steps)
+
+
+def by_order_parts(program, before, orders, split, tables, **kwargs):
+  """``program(*before, orders, split, tables, **kwargs)`` for concrete arguments (an entry
+  point of :func:`jaxrdp._internal.compilation.jit` whose outputs have the orders on their
+  last axis), as NumPy arrays. A grid with both exact sums (integer orders) and other orders
+  is evaluated as two grids, each its own program, both prepared before either runs, so that
+  tracing one overlaps compiling the other (XLA releases the GIL): the first call of
+  ``compute_rdp`` at the default orders takes ~0.1 s less on two cores, more on more. Each
+  order's value is the whole grid's: its sum bucket and its group of shared nodes are the
+  same in its part."""
+  summed = np.zeros(orders.size, bool)
+  for positions, _ in split.sums or ():   # None: a search's slots (no sums)
+    summed[list(positions)] = True
+  if summed.all() or not summed.any():
+    return tuple(np.asarray(v) for v in program(*before, orders, split, tables, **kwargs))
+  # Each part's split is the grid's, re-indexed (not recomputed from the values: a search
+  # moves its slots' orders between calls, and its program must stay the same).
+  index = lambda mask: np.cumsum(mask) - 1
+  renumber = lambda positions, mask: tuple(int(i) for i in index(mask)[list(positions)])
+  rest = sampled_gaussian.OrderSplit((), tuple(renumber(g, ~summed) for g in split.shared))
+  sums = sampled_gaussian.OrderSplit(tuple((renumber(p, summed), k) for p, k in split.sums), ())
+  # The fractional orders' program, the larger, first: its compilation starts earliest.
+  parts = [(np.flatnonzero(~summed), rest, ()), (np.flatnonzero(summed), sums, tables)]
+  parts = [(columns, (*before, orders[columns], part_split, part_tables))
+           for columns, part_split, part_tables in parts]
+  prepare = getattr(program, "prepare", None)   # None: not an entry point (a test's stand-in)
+  for _, args in parts:
+    if prepare is not None:
+      prepare(*args, **kwargs)
+  outs = None
+  for columns, args in parts:
+    values = [np.asarray(v) for v in program(*args, **kwargs)]
+    if outs is None:
+      outs = [np.empty(v.shape[:-1] + orders.shape, v.dtype) for v in values]
+    for out, v in zip(outs, values):
+      out[..., columns] = v
+  return tuple(outs)
 
 
 def _work(arguments):

@@ -358,8 +358,8 @@ def _concrete_epsilons(q, sigma, t, delta, orders, split, tables):
   without the per-order quadrature (:func:`_grid_evaluation`); what it leaves open (rare) is
   filled on the host (:func:`jaxrdp.mechanisms.sampled_gaussian.fill_pending`: compiled only then) and
   converted again."""
-  rdp, pending, eps = _grid_evaluation(q, sigma, t, delta, orders, split, tables)
-  pending = np.asarray(pending)
+  rdp, pending, eps = composition.by_order_parts(_grid_evaluation, (q, sigma, t, delta),
+                                                 orders, split, tables)
   if pending.any():
     rdp = sampled_gaussian.fill_pending(rdp, pending, q, sigma, orders, t)
     eps = jax.jit(_composed_epsilons)(orders, rdp, delta)
