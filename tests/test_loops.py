@@ -123,9 +123,12 @@ def test_prepared_programs_compile_in_the_background_once_and_errors_reach_the_c
   x = np.linspace(0.0, 1.0, 5)
   f.prepare(x)
   f.prepare(x)   # already prepared: nothing more
-  assert len(traced) == 1
+  ahead_of_time = jax.default_backend() == "cpu"   # elsewhere jax.jit's own cache: no-op
+  assert len(traced) == (1 if ahead_of_time else 0)
   np.testing.assert_allclose(np.asarray(f(x)), np.sin(x) * 3.0, rtol=1e-15)
   assert len(traced) == 1
+  if not ahead_of_time:
+    return
 
   def failing(lowered):
     raise RuntimeError("compilation failed")
