@@ -1,4 +1,4 @@
-"""Entry points trace their bodies with nested jits disabled, and their loops stay loops.
+"""How entry points are traced and compiled: nested jits off, loops kept, programs prepared together.
 
 ``jaxrdp._internal.compilation.jit`` traces an entry point's body under ``jax.disable_jit()``
 (every ``jax.numpy`` function then binds its primitives straight into the one jaxpr instead of
@@ -158,3 +158,22 @@ def test_a_mixed_grid_is_two_programs_whose_columns_land_where_their_orders_are(
   # And the values themselves: the closed form at alpha = 2, A_2 = 1 + q^2 (e^{1/sigma^2} - 1).
   np.testing.assert_allclose(mixed[:, 4], 100 * np.log1p(q * q * np.expm1(1 / sigma ** 2)),
                              rtol=1e-13)
+
+
+def test_an_eager_derivative_of_epsilon_prepares_its_program_before_the_search(monkeypatch):
+  # jax.grad of dpsgd_epsilon outside jax.jit: the derivative's program is prepared (compiled
+  # in the background) before the search runs, for the directions that carry tangents and a
+  # fractional order; the derivative is the one jax.jit computes.
+  import jaxrdp
+  from jaxrdp.accounting import dpsgd
+  seen = []
+  prepare = dpsgd._gradient_at.prepare
+  monkeypatch.setattr(dpsgd._gradient_at, "prepare",
+                      lambda *a, **k: (seen.append((a[0][0], k["wanted"])), prepare(*a, **k)))
+  f = lambda s: jaxrdp.dpsgd_epsilon(0.01, s, 10_000, 1e-5)
+  eager = float(jax.grad(f)(1.1))
+  assert seen == [(1.5, (False, True, False, False))]
+  traced = float(jax.jit(jax.grad(f))(1.1))
+  assert len(seen) == 1   # nothing to prepare inside a trace
+  np.testing.assert_allclose(eager, traced, rtol=1e-9)
+  assert eager < 0   # more noise, less epsilon

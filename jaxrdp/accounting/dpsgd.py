@@ -171,6 +171,7 @@ def dpsgd_epsilon_unchecked(q, sigma, t, delta, grid, refine_order):
   taken eagerly (``jax.grad`` of this function) compiles two smaller graphs with the CPU
   option of :mod:`jaxrdp._internal.compilation` rather than one large graph without it."""
   sg = lax.stop_gradient
+  _prepare_gradient(q, sigma, t, delta)
   found = _concrete_epsilon(sg(q), sg(sigma), sg(t), sg(delta), grid, refine_order)
   if found is None:
     found = _search_epsilon(sg(q), sg(sigma), sg(t), sg(delta), grid, refine_order)
@@ -451,8 +452,34 @@ def _concrete_gradient(best, q, sigma, t, delta, wanted=(True,) * 4):
   if not (np.isfinite(alpha[0]) and alpha[0] > 1):
     return None
   split, tables = _concrete_split(alpha)
+  q, sigma, t, delta = (np.asarray(v) for v in (q, sigma, t, delta))   # as _prepare_gradient's
   return _first_without_fallback(functools.partial(_gradient_at, split=split, wanted=wanted),
                                  alpha, q, sigma, t, delta, tables)
+
+
+_LIKELY_ORDER = 1.5   # stands for any fractional order up to 64 (one shared-node group)
+
+
+def _prepare_gradient(q, sigma, t, delta):
+  """Where ε is about to be differentiated eagerly (``jax.grad`` or ``jax.jvp`` of
+  ``dpsgd_epsilon`` outside ``jax.jit``: some arguments carry tangents, their values are
+  concrete), the derivative's program (:func:`_gradient_at`) is prepared before the search
+  runs, so that it compiles in the background while the search's programs are traced and
+  compiled, instead of after them. Its split depends on the order the search will find: it is
+  prepared for a fractional order up to 64, the usual optimum on the default orders (93 of
+  their 170 lie in (1, 11), a tenth apart); at another order the derivative compiles its own
+  program afterwards, as without this, and this one is not used (the derivative is the
+  same either way: the order is only known, and used, after the search)."""
+  wanted = tuple(isinstance(v, jax.core.Tracer) for v in (q, sigma, t, delta))
+  if not any(wanted):
+    return
+  values = tuple(lax.stop_gradient(v) for v in (q, sigma, t, delta))
+  if not validation.is_concrete(values):   # traced (jax.jit, jax.vmap): one graph, nothing to do
+    return
+  q, sigma, t, delta = (np.asarray(v) for v in values)
+  alpha = np.full(1, _LIKELY_ORDER, q.dtype)
+  split, tables = _concrete_split(alpha)
+  _gradient_at.prepare(alpha, q, sigma, t, delta, tables, False, split=split, wanted=wanted)
 
 
 @functools.partial(compilation.jit, static_argnames=("split", "fallback", "wanted"),
