@@ -1,4 +1,4 @@
-"""How entry points are traced and compiled: nested jits off, loops kept, programs prepared together.
+"""How entry points are traced and compiled: no nested jits, loops kept, programs prepared together.
 
 ``jaxrdp._internal.compilation.jit`` traces an entry point's body under ``jax.disable_jit()``
 (every ``jax.numpy`` function then binds its primitives straight into the one jaxpr instead of
