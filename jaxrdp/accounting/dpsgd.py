@@ -171,7 +171,7 @@ def dpsgd_epsilon_unchecked(q, sigma, t, delta, grid, refine_order):
   taken eagerly (``jax.grad`` of this function) compiles two smaller graphs with the CPU
   option of :mod:`jaxrdp._internal.compilation` rather than one large graph without it."""
   sg = lax.stop_gradient
-  _prepare_gradient(q, sigma, t, delta)
+  _prepare_gradient(q, sigma, t, delta, grid)
   found = _concrete_epsilon(sg(q), sg(sigma), sg(t), sg(delta), grid, refine_order)
   if found is None:
     found = _search_epsilon(sg(q), sg(sigma), sg(t), sg(delta), grid, refine_order)
@@ -460,7 +460,7 @@ def _concrete_gradient(best, q, sigma, t, delta, wanted=(True,) * 4):
 _LIKELY_ORDER = 1.5   # stands for any fractional order up to 64 (one shared-node group)
 
 
-def _prepare_gradient(q, sigma, t, delta):
+def _prepare_gradient(q, sigma, t, delta, grid):
   """Where ε is about to be differentiated eagerly (``jax.grad`` or ``jax.jvp`` of
   ``dpsgd_epsilon`` outside ``jax.jit``: some arguments carry tangents, their values are
   concrete), the derivative's program (:func:`_gradient_at`) is prepared before the search
@@ -469,9 +469,10 @@ def _prepare_gradient(q, sigma, t, delta):
   prepared for a fractional order up to 64, the usual optimum on the default orders (93 of
   their 170 lie in (1, 11), a tenth apart); at another order the derivative compiles its own
   program afterwards, as without this, and this one is not used (the derivative is the
-  same either way: the order is only known, and used, after the search)."""
+  same either way: the order is only known, and used, after the search). A traced ``grid``
+  takes the traced search and its own derivative: nothing is prepared then."""
   wanted = tuple(isinstance(v, jax.core.Tracer) for v in (q, sigma, t, delta))
-  if not any(wanted):
+  if not any(wanted) or not validation.is_concrete(grid):
     return
   values = tuple(lax.stop_gradient(v) for v in (q, sigma, t, delta))
   if not validation.is_concrete(values):   # traced (jax.jit, jax.vmap): one graph, nothing to do
