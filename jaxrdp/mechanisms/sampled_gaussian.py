@@ -1420,13 +1420,12 @@ def _log_j_levels(q, sigma, orders):
                                        + row(1.0, 0.0, 0.0, 0.0, _LOG_HALF), squared[:, 5:6],
                                        (squared * squared)[:, 6:7], rho], axis=-1),
                       current + row(0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0))
-    # The per-order blocks as one select between two stacks (one kernel, not one per block).
-    if_complete = jnp.stack([jnp.zeros_like(partial), new_total, new_log_t, coarse,
-                             new_log_t + shift], axis=1)
-    otherwise = jnp.stack([partial, total, log_t, older, log_j], axis=1)
-    select = jnp.stack([jnp.broadcast_to(c, newly.shape)] * 4 + [newly], axis=1)
-    blocks = jnp.concatenate([_where(select, if_complete, otherwise),
-                              jnp.stack([failed_now.astype(dtype), m_ref_, ref_, edge], axis=1)],
+    # The per-order blocks as one select over the block index (one kernel and one copy of the
+    # code that computes them: a stack is a loop per piece, each with its own copy).
+    fields = [_where(c, 0.0, partial), _where(c, new_total, total), _where(c, new_log_t, log_t),
+              _where(c, coarse, older), _where(newly, new_log_t + shift, log_j),
+              failed_now.astype(dtype), m_ref_, ref_, edge]
+    blocks = _select_columns([jnp.broadcast_to(f[:, None, :], (cap, 9, g)) for f in fields],
                              axis=1)
     out = jnp.concatenate([counters, blocks.reshape(cap, 9 * g), (~done)[:, None].astype(dtype)],
                           axis=-1)
