@@ -962,13 +962,13 @@ def _log_j_integer(per_pair, log1m_q, alphas, log_binoms):
     # Each order's chunks (n, m, most chunks; padded with a chunk of nothing), summed in
     # linear space relative to the largest of their tops: no logarithm of a partial sum is
     # rounded (in float32 that would cost ~|log A| ulps).
-    starts, pad = np.cumsum([0] + counts[:-1]), sum(counts)
-    index = np.array([[start + j if j < count else pad for j in range(max(counts))]
+    # (Constant indices, the padding masked: a concatenation is a loop per piece.)
+    starts = np.cumsum([0] + counts[:-1])
+    index = np.array([[start + min(j, count - 1) for j in range(max(counts))]
                       for start, count in zip(starts, counts)])
-    both = jnp.stack([_where(has_terms, top, -jnp.inf), total])   # one gather for both
-    both = jnp.concatenate([both, jnp.stack([jnp.full_like(top[:, :1], -jnp.inf),
-                                             jnp.zeros_like(top[:, :1])])], axis=2)[:, :, index]
-    chunk_top, chunk_total = both[0], both[1]
+    valid = np.arange(max(counts)) < np.array(counts)[:, None]
+    chunk_top = _where(valid & has_terms[:, index], top[:, index], -jnp.inf)
+    chunk_total = _where(valid, total[:, index], 0.0)
     top = jnp.max(chunk_top, axis=-1)   # finite: every order has terms
     weighted = chunk_total * jnp.exp(chunk_top - top[..., None])
     log_a_minus_1 = jnp.log(jnp.sum(weighted, axis=-1)) + top
@@ -1393,8 +1393,11 @@ def _log_j_levels(q, sigma, orders):
     new_total = _where(first[:, None], sums[..., 0], total + partial)
     # One logarithm of the four sums: the level's rule, at level 0 also the rules on every
     # second and fourth node and the larger edge value.
-    log_sums = jnp.log(jnp.stack([new_total, sums[..., 1], sums[..., 2],
-                                  jnp.maximum(sums[..., 4], sums[..., 5])], axis=-1)) + base[..., None]
+    # (Selected, not stacked: a stack is a loop per piece, each with its own logarithm.)
+    log_sums = jnp.log(_select_columns(
+        [jnp.broadcast_to(v[..., None], (cap, g, 4))
+         for v in (new_total, sums[..., 1], sums[..., 2], jnp.maximum(sums[..., 4], sums[..., 5]))]
+    )) + base[..., None]
     new_log_t = log_sums[..., 0]
     coarse = _where(first[:, None], log_sums[..., 1] + math.log(2), log_t)
     coarser = _where(first[:, None], log_sums[..., 2] + math.log(4), older)
