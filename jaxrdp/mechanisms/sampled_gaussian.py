@@ -1316,7 +1316,7 @@ def _log_j_levels(q, sigma, orders):
   # rates of _assess at that step (exp(-pi^2 sigma^2/h), exp(-1.5 pi^2 sigma^2/h^2), whose max
   # is rho_h, and rho_2h; halving h squares the first, raises the second to the 4th power) |
   # per order: the midpoint sum so far, the sum and the rule of the last complete level, the
-  # rule of the one before (all relative to ref), log J, failed, m_ref, ref, the edge value |
+  # rule of the one before (all relative to ref), m_ref, ref, the edge value, log J, failed |
   # whether the row is pending. Everything the body needs per row is a column: no division, logarithm or exponential of a
   # row's scalars in the loop (each would be a kernel of its own, evaluated before the
   # broadcast over nodes and orders).
@@ -1332,7 +1332,7 @@ def _log_j_levels(q, sigma, orders):
   # (level 0: every second node of the 129-node grid), log step and rates in columns 3 to 7;
   # per order: zeros, log J +inf, failed 1; pending 1.
   template = np.concatenate([np.zeros(width), [0.0, 0.0, 0.5], np.zeros(5), np.zeros(4 * g),
-                             np.full(g, np.inf), np.ones(g), np.zeros(3 * g), [1.0]]).astype(dtype)
+                             np.zeros(3 * g), np.full(g, np.inf), np.ones(g), [1.0]]).astype(dtype)
   # Step, log step, then the exponents of the rates at the step, (a, b) = (-pi^2 sigma^2/h,
   # -1.5 pi^2 sigma^2/h^2), and at twice the step, (a/2, b/4).
   step0, s2 = wide(2 * h, 6), wide(sigma * sigma, 6)
@@ -1366,7 +1366,7 @@ def _log_j_levels(q, sigma, orders):
     constants = [v[..., None] for v in constants]
     level, blk, blocks, step, log_step, rate_a, rate_b, rho_coarse = (
         st[:, i] for i in range(n_counters))
-    partial, total, log_t, older, log_j, still_failed, m_ref_, ref_, edge = (
+    partial, total, log_t, older, m_ref_, ref_, edge, log_j, still_failed = (
         cell(st, k) for k in range(9))
     first = level == 0
     # Level 0: lo + step j; level >= 1 (step halved), block b: the midpoints
@@ -1423,15 +1423,16 @@ def _log_j_levels(q, sigma, orders):
                                        + row(1.0, 0.0, 0.0, 0.0, _LOG_HALF), squared[:, 5:6],
                                        (squared * squared)[:, 6:7], rho], axis=-1),
                       current + row(0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0))
-    # The per-order blocks as one select over the block index (one kernel and one copy of the
-    # code that computes them: a stack is a loop per piece, each with its own copy).
-    fields = [_where(c, 0.0, partial), _where(c, new_total, total), _where(c, new_log_t, log_t),
-              _where(c, coarse, older), _where(newly, new_log_t + shift, log_j),
-              failed_now.astype(dtype), m_ref_, ref_, edge]
-    blocks = _select_columns([jnp.broadcast_to(f[:, None, :], (cap, 9, g)) for f in fields],
-                             axis=1)
-    out = jnp.concatenate([counters, blocks.reshape(cap, 9 * g), (~done)[:, None].astype(dtype)],
-                          axis=-1)
+    # The per-order blocks as two selects over the block index (a stack is a loop per piece,
+    # each with its own copy of the code the pieces share), the two that depend on the
+    # certificate apart: a select computes every one of its candidates for every entry.
+    select = lambda fields: _select_columns(
+        [jnp.broadcast_to(f[:, None, :], (cap, len(fields), g)) for f in fields],
+        axis=1).reshape(cap, len(fields) * g)
+    plain = select([_where(c, 0.0, partial), _where(c, new_total, total),
+                    _where(c, new_log_t, log_t), _where(c, coarse, older), m_ref_, ref_, edge])
+    judged = select([_where(newly, new_log_t + shift, log_j), failed_now.astype(dtype)])
+    out = jnp.concatenate([counters, plain, judged, (~done)[:, None].astype(dtype)], axis=-1)
     # The rows left pending, counted down here (read from the output, so that the test is not
     # compiled twice): the loop's condition is then one comparison, not a reduction over all
     # rows (kernels of their own).
@@ -1443,7 +1444,7 @@ def _log_j_levels(q, sigma, orders):
     return packed.at[idx, width:].set(out, mode="drop"), left   # out-of-range writes are dropped
 
   packed, _ = loops.while_loop(lambda c: c[1] > 0, body, (packed, np.int32(r)))
-  return cell(packed[:, width:], 4)
+  return cell(packed[:, width:], 7)
 
 
 def _shared_values(q, sigma, alphas, groups, tangents=None):
