@@ -1353,8 +1353,10 @@ def _log_j_levels(q, sigma, orders):
     packed, left = carry
     pending = packed[:, -1] > 0
     if compact:
-      order = jnp.argsort(~pending, stable=True)[:cap]   # pending rows first (a stable sort
-      rows = packed[order]                              # compiles faster than jnp.nonzero)
+      # Pending rows first: a stable sort (compiles faster than jnp.nonzero) of the row numbers,
+      # a constant (an iota would be a kernel of its own).
+      order = lax.sort((~pending, np.arange(r, dtype=np.int32)), num_keys=1, is_stable=True)[1][:cap]
+      rows = packed[order]
       valid = rows[:, -1] > 0
       idx = _where(valid, order, r)
     else:   # the barrier keeps XLA from hoisting each per-order constant out of the loop
@@ -1418,10 +1420,11 @@ def _log_j_levels(q, sigma, orders):
     current = st[:, :n_counters]
     row = lambda *v: np.array(v, dtype)
     squared = current * current
+    scaled = (current * row(1.0, 0.0, 2.0, 0.5, 1.0, 1.0, 1.0, 1.0)
+              + row(1.0, 0.0, 0.0, 0.0, _LOG_HALF, 0.0, 0.0, 0.0))
     counters = _where(complete[:, None],
-                      jnp.concatenate([current[:, :5] * row(1.0, 0.0, 2.0, 0.5, 1.0)
-                                       + row(1.0, 0.0, 0.0, 0.0, _LOG_HALF), squared[:, 5:6],
-                                       (squared * squared)[:, 6:7], rho], axis=-1),
+                      _select_columns([scaled] * 5 + [squared, squared * squared,
+                                                      jnp.broadcast_to(rho, current.shape)]),
                       current + row(0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0))
     # The per-order blocks as two selects over the block index (a stack is a loop per piece,
     # each with its own copy of the code the pieces share), the two that depend on the
