@@ -1052,19 +1052,29 @@ def _grid_nodes(z, inv_2s2, log_q, log1m_q, q):
   is_zero = u == 0
   u = _where(is_zero, jnp.ones_like(u), u)
   positive = u > 0
-  log_q1m = _where(is_zero, -jnp.inf, log_q + jnp.log(-jnp.expm1(-jnp.abs(u))))
-  log_abs_x = log_q1m + jnp.maximum(u, 0)
-  ell_minus_u_big = log_q + _softplus(log1m_q - log_q - u)
   big = u > 1
+  # Functions applied once to two arguments each (selected side by side): XLA computes an
+  # expensive function of values used in several places as a kernel of its own.
+  pair = lambda a, b: _select_columns([jnp.broadcast_to(v[..., None], v.shape + (2,))
+                                       for v in (a, b)])
+  m = jnp.expm1(pair(-jnp.abs(u), _where(big, 1.0, u)))
+  v = log1m_q - log_q - u   # softplus(v) = max(v, 0) + log1p(e^-|v|) (see _softplus)
+  l = jnp.log1p(pair(jnp.exp(jnp.maximum(-jnp.abs(v), _exp_floor(dtype))), q * m[..., 1]))
+  log_q1m = _where(is_zero, -jnp.inf, log_q + jnp.log(-m[..., 0]))
+  log_abs_x = log_q1m + jnp.maximum(u, 0)
+  ell_minus_u_big = log_q + (jnp.maximum(v, 0) + l[..., 0])
   # where, not minimum: a node exactly at u = 1 keeps its whole derivative (see _integrand).
-  ell_moderate = jnp.log1p(q * jnp.expm1(_where(big, 1.0, u)))
+  ell_moderate = l[..., 1]
   ell = _where(big, u + ell_minus_u_big, ell_moderate)
   abs_ell = jnp.abs(ell)
   abs_ell = _where(abs_ell > 0, abs_ell, jnp.finfo(dtype).tiny)
   log_abs_ell = jnp.log(abs_ell)
-  x = jnp.exp(_where(log_abs_x <= math.log(_SERIES_RADIUS), log_abs_x, math.log(_SERIES_RADIUS)))
-  # x < 0: N/P up to the factor exprel, (1 - |x|) |ell| / |x| = e^ell |ell| / |x| (<= 1).
-  ratio_neg = jnp.exp(jnp.minimum(ell, 0.0) + log_abs_ell - log_abs_x)
+  # x, and for x < 0 N/P up to the factor exprel: (1 - |x|) |ell| / |x| = e^ell |ell| / |x|
+  # (<= 1).
+  log_radius = math.log(_SERIES_RADIUS)
+  e = jnp.exp(pair(_where(log_abs_x <= log_radius, log_abs_x, log_radius),
+                   jnp.minimum(ell, 0.0) + log_abs_ell - log_abs_x))
+  x, ratio_neg = e[..., 0], e[..., 1]
   return dict(z=z, positive=positive, log_q1m=log_q1m, log_abs_x=log_abs_x, ell=ell,
               ell_minus_u=_where(big, ell_minus_u_big, ell_moderate - u), abs_ell=abs_ell,
               log_abs_ell=log_abs_ell, x=_where(positive, x, -x), ratio_neg=ratio_neg)
@@ -1355,7 +1365,8 @@ def _log_j_levels(q, sigma, orders):
     if compact:
       # Pending rows first: a stable sort (compiles faster than jnp.nonzero) of the row numbers,
       # a constant (an iota would be a kernel of its own).
-      order = lax.sort((~pending, np.arange(r, dtype=np.int32)), num_keys=1, is_stable=True)[1][:cap]
+      order = lax.sort((~pending, np.arange(r, dtype=np.int32)), num_keys=1,
+                       is_stable=True)[1][:cap]
       rows = packed[order]
       valid = rows[:, -1] > 0
       idx = _where(valid, order, r)
