@@ -90,6 +90,28 @@ def rdp_curve(q, noise_multiplier, steps, orders):
   return sampled_gaussian.fill_pending(rdp, pending, q, sigma, orders, steps)
 
 
+@functools.lru_cache(maxsize=64)
+def _order_parts(split, size):
+  """((columns, split) of the other orders, (columns, split) of the exact sums) of a grid of
+  ``size`` orders with ``split``; None unless it has both. Each part's split is the grid's,
+  re-indexed (not recomputed from the values: a search moves its slots' orders between calls,
+  and its program must stay the same). Remembered per split: searches ask at every step."""
+  summed = np.zeros(size, bool)
+  for positions, _ in split.sums or ():   # None: a search's slots (no sums)
+    summed[list(positions)] = True
+  if summed.all() or not summed.any():
+    return None
+  index = lambda mask: np.cumsum(mask) - 1
+  renumber = lambda positions, mask: tuple(int(i) for i in index(mask)[list(positions)])
+  rest = sampled_gaussian.OrderSplit((), tuple(renumber(g, ~summed) for g in split.shared))
+  sums = sampled_gaussian.OrderSplit(tuple((renumber(p, summed), k) for p, k in split.sums), ())
+  def columns(mask):
+    out = np.flatnonzero(mask)
+    out.flags.writeable = False
+    return out
+  return (columns(~summed), rest), (columns(summed), sums)
+
+
 def by_order_parts(program, before, orders, split, tables, **kwargs):
   """``program(*before, orders, split, tables, **kwargs)`` for concrete arguments (an entry
   point of :func:`jaxrdp._internal.compilation.jit` whose outputs have the orders on their
@@ -99,28 +121,21 @@ def by_order_parts(program, before, orders, split, tables, **kwargs):
   ``compute_rdp`` at the default orders takes ~0.1 s less on two cores, more on more. Each
   order's value is the whole grid's: its sum bucket and its group of shared nodes are the
   same in its part."""
-  summed = np.zeros(orders.size, bool)
-  for positions, _ in split.sums or ():   # None: a search's slots (no sums)
-    summed[list(positions)] = True
-  if summed.all() or not summed.any():
+  halves = _order_parts(split, orders.size)
+  if halves is None:
     return tuple(np.asarray(v) for v in program(*before, orders, split, tables, **kwargs))
-  # Each part's split is the grid's, re-indexed (not recomputed from the values: a search
-  # moves its slots' orders between calls, and its program must stay the same).
-  index = lambda mask: np.cumsum(mask) - 1
-  renumber = lambda positions, mask: tuple(int(i) for i in index(mask)[list(positions)])
-  rest = sampled_gaussian.OrderSplit((), tuple(renumber(g, ~summed) for g in split.shared))
-  sums = sampled_gaussian.OrderSplit(tuple((renumber(p, summed), k) for p, k in split.sums), ())
   # The fractional orders' program, the larger, first: its compilation starts earliest.
-  parts = [(np.flatnonzero(~summed), rest, ()), (np.flatnonzero(summed), sums, tables)]
   parts = [(columns, (*before, orders[columns], part_split, part_tables))
-           for columns, part_split, part_tables in parts]
+           for (columns, part_split), part_tables in zip(halves, ((), tables))]
   prepare = getattr(program, "prepare", None)   # None: not an entry point (a test's stand-in)
   for _, args in parts:
     if prepare is not None:
       prepare(*args, **kwargs)
+  # Both dispatched before either is read: the two programs run at the same time.
+  results = [(columns, program(*args, **kwargs)) for columns, args in parts]
   outs = None
-  for columns, args in parts:
-    values = [np.asarray(v) for v in program(*args, **kwargs)]
+  for columns, result in results:
+    values = [np.asarray(v) for v in result]
     if outs is None:
       outs = [np.empty(v.shape[:-1] + orders.shape, v.dtype) for v in values]
     for out, v in zip(outs, values):
