@@ -90,6 +90,9 @@ def rdp_curve(q, noise_multiplier, steps, orders):
   return sampled_gaussian.fill_pending(rdp, pending, q, sigma, orders, steps)
 
 
+_PREPARED = set()   # signatures by_order_parts has prepared both programs for
+
+
 @functools.lru_cache(maxsize=64)
 def _order_parts(split, size):
   """((columns, split) of the other orders, (columns, split) of the exact sums) of a grid of
@@ -128,9 +131,17 @@ def by_order_parts(program, before, orders, split, tables, **kwargs):
   parts = [(columns, (*before, orders[columns], part_split, part_tables))
            for (columns, part_split), part_tables in zip(halves, ((), tables))]
   prepare = getattr(program, "prepare", None)   # None: not an entry point (a test's stand-in)
-  for _, args in parts:
-    if prepare is not None:
+  # Prepared once per signature (a program evicted later compiles at its call, as usual): a
+  # search calls this at every step, and preparing means binding and keying the arguments.
+  signature = (program, split, orders.shape, orders.dtype, tuple(sorted(kwargs.items())),
+               tuple((np.shape(v), getattr(v, "dtype", type(v))) for v in before),
+               jax.config.jax_enable_x64, str(jax.config.jax_default_device))
+  if prepare is not None and signature not in _PREPARED:
+    for _, args in parts:
       prepare(*args, **kwargs)
+    if len(_PREPARED) >= 256:
+      _PREPARED.clear()
+    _PREPARED.add(signature)
   # Both dispatched before either is read: the two programs run at the same time.
   results = [(columns, program(*args, **kwargs)) for columns, args in parts]
   outs = None
