@@ -177,3 +177,29 @@ def test_an_eager_derivative_of_epsilon_prepares_its_program_before_the_search(m
   assert len(seen) == 1   # nothing to prepare inside a trace
   np.testing.assert_allclose(eager, traced, rtol=1e-9)
   assert eager < 0   # more noise, less epsilon
+
+
+def test_a_mixed_grid_prepares_its_two_programs_once_and_reassembles_the_columns():
+  # by_order_parts prepares both programs on the first call of a signature only (a search
+  # calls it at every step), runs both, and puts each column back at its order.
+  from jaxrdp.accounting import composition
+  from jaxrdp.mechanisms import sampled_gaussian
+  orders = np.array([1.5, 2.0, 2.5, 3.0, 7.25])
+  split = sampled_gaussian.order_split(orders)
+  tables = sampled_gaussian.order_tables(orders, split)
+  prepared, ran = [], []
+
+  def program(x, part_orders, part_split, part_tables):
+    ran.append(part_split)
+    return (x[:, None] * part_orders[None, :], x[:, None] + part_orders[None, :])
+
+  program.prepare = lambda *args: prepared.append(args[2])
+  x = np.array([1.0, 2.0])
+  for _ in range(3):
+    product, total = composition.by_order_parts(program, (x,), orders, split, tables)
+    np.testing.assert_array_equal(product, x[:, None] * orders[None, :])
+    np.testing.assert_array_equal(total, x[:, None] + orders[None, :])
+  assert len(prepared) == 2 and len(ran) == 6
+  assert {len(s.sums) for s in prepared} == {0, 1}   # one part with the sums, one without
+  composition.by_order_parts(program, (np.ones(3),), orders, split, tables)   # new shape
+  assert len(prepared) == 4

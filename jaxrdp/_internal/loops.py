@@ -9,7 +9,7 @@ being built, which is the same program. But under ``jax.disable_jit()``, ``lax.s
 ``lax.while_loop`` runs its body once in Python before falling back to a loop (the body traced
 twice). The functions here are those of ``lax`` with jit enabled for the loop itself and, when
 it was disabled at the call, disabled again inside the loop's functions; they are the only
-loops jaxrdp uses (``tests/test_default_compiler_options.py`` checks both).
+loops jaxrdp uses (``tests/test_loops.py`` checks both).
 """
 
 from __future__ import annotations
