@@ -182,7 +182,8 @@ def test_epsilon_read_from_a_window_wider_than_700_is_never_below_the_truth():
   window[0, [90, 100, 1500, 2000]] = [0.1, 0.4, 0.3, 0.2]
   first, p_inf, interval = jnp.zeros(1, jnp.int64), jnp.zeros(1), 1.0
   for delta in (0.75, 0.6, 0.45, 0.1):
-    eps = float(pld._epsilon_of(first, jnp.asarray(window), p_inf, delta, interval)[0])
-    exact = lambda e: float(pld._delta_of(first, jnp.asarray(window), p_inf, e, interval)[0])
+    log_mass = jnp.log(jnp.asarray(window))
+    eps = float(pld._epsilon_of(first, log_mass, p_inf, delta, interval)[0])
+    exact = lambda e: float(pld._delta_of(first, log_mass, p_inf, e, interval)[0])
     assert exact(eps) <= delta * (1 + 1e-12), (delta, eps, exact(eps))
     assert exact(max(eps - interval, 0.0)) > delta or eps == 0.0, (delta, eps)

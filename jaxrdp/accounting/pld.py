@@ -78,6 +78,9 @@ _LOWER_TAIL_MASS = 1e-12     # the composed mass below the window aimed at (wrap
 _BLOCK = 64                  # points per block of the moment-generating function's upper bound
 _READ_BLOCK = 512            # points per block of the two-level search for ε (divides ``bins``)
 _SQRT_HALF = math.sqrt(0.5)
+_U = float(np.finfo(np.float64).eps) / 2          # unit roundoff of float64
+_SMALLEST_NORMAL = float(np.finfo(np.float64).tiny)
+_MASS_FLOOR = 1e-280         # added to every point of the composed PMF (see :func:`_composed`)
 
 
 class PldGrid(NamedTuple):
@@ -177,41 +180,87 @@ def step_pmfs(q, sigma, interval, pmf_bins):
 
 
 # ---------------------------------------------------------------------------------------------
-# Composition by FFT, and the window it is read on.
+# Composition by FFT of exponentially tilted PMFs, and the window it is read on.
+
+
+def _lambdas(interval: float) -> np.ndarray:
+  """The Chernoff orders λ > 0 usable at this Δ: those with λ·Δ·(_BLOCK − 1) ≤ 700, so that
+  every factor e^{−λ(l_top − l_j)} inside a block of :func:`_log_mgf` is a normal float64
+  (no term underflows to 0 while a larger one of its block is kept)."""
+  return _LAMBDAS[_LAMBDAS * interval * (_BLOCK - 1) <= 700.0]
+
+
+def _weighted(t, x):
+  """t·x, exactly 0 where t = 0 (a phase without steps adds nothing, whatever x is)."""
+  return jnp.where(t > 0, t * jnp.where(t > 0, x, 0.0), 0.0)
 
 
 def _log_mgf(pmf, start, interval):
-  """K(λ) = log Σ_k p_k e^{λ l_k} at the Chernoff orders λ > 0, in logs (λ·l overflows and
-  underflows both ways): per block of :data:`_BLOCK` points, Σ_j p_j e^{−λ(l_top − l_j)} is a
-  matrix product with factors ≤ 1, and the blocks are combined by log-sum-exp. It places the
-  window and bounds the mass above it, both discrete or negligible: no derivative flows.
-  Leading axes of ``pmf`` and ``start`` are batch axes; the λ axis is appended."""
+  """An upper bound on K(λ) = log Σ_k p_k e^{λ l_k} at the Chernoff orders :func:`_lambdas`, in
+  logs (λ·l overflows and underflows both ways): per block of :data:`_BLOCK` points,
+  Σ_j p_j e^{−λ(l_top − l_j)} is a matrix product with factors in [e^{−700}, 1], and the blocks
+  are combined by log-sum-exp. It bounds the mass above the window, so it must not round low:
+  each block sum is raised by the rounding of a 64-term dot product of non-negative terms
+  (256 u relative) and by 64 flushed subnormal products (64 × 2⁻¹⁰²² absolute) where the block
+  holds any mass, and the exponent by the rounding of λ·l_top. No derivative flows (it places
+  the window, bounds a negligible tail and picks the tilt). Leading axes of ``pmf`` and
+  ``start`` are batch axes; the λ axis is appended."""
   pmf = lax.stop_gradient(pmf)
-  lam = jnp.asarray(_LAMBDAS, pmf.dtype)
+  lam = jnp.asarray(_lambdas(interval), pmf.dtype)
   below_top = (_BLOCK - 1 - jnp.arange(_BLOCK)) * interval
   blocks = pmf.reshape(pmf.shape[:-1] + (-1, _BLOCK))
   sums = blocks @ jnp.exp(-below_top[:, None] * lam)               # (..., blocks, λ)
+  held = jnp.max(blocks, axis=-1, keepdims=True) > 0
+  sums = jnp.where(held, sums * (1.0 + 256 * _U) + _BLOCK * _SMALLEST_NORMAL, 0.0)
   block_top = (start[..., None] + _BLOCK * jnp.arange(1, blocks.shape[-2] + 1) - 1) * interval
-  positive = sums > 0
-  log_sums = jnp.where(positive, jnp.log(jnp.where(positive, sums, 1.0)), -jnp.inf)
-  return jax.nn.logsumexp(log_sums + lam * block_top[..., None], axis=-2)
+  exponent = lam * block_top[..., None]
+  log_sums = jnp.where(held, jnp.log(jnp.where(held, sums, 1.0)), -jnp.inf)
+  return (jax.nn.logsumexp(log_sums + exponent + 4 * _U * jnp.abs(exponent), axis=-2)
+          + 1e-12)
 
 
-def _log_spectrum(f, t):
+def _tilt(pmf, start, interval, lam):
+  """The PMF tilted by e^{λ l}: p̃_k = p_k e^{λ l_k − c}, c = log Σ_k p_k e^{λ l_k} (so p̃ sums to
+  one), and c. Composition commutes with tilting (the tilt of a sum of losses is the product of
+  the tilts), so the composed PMF is the composed p̃ times e^{Σ t_i c_i − λ l}: rounding errors
+  of the FFT, absolute and of the order of the total mass, become errors relative to
+  e^{Σ t_i c_i − λ l}, which is of the order of δ near the ε that δ is read at when λ is the
+  Chernoff order of that tail. Computed as exp(log p + λ l − c) ≤ 1: no overflow; p = 0 gives
+  0 (with a zero derivative). ``lam`` broadcasts against ``pmf``'s leading axes."""
+  losses = (start[..., None] + jnp.arange(pmf.shape[-1])) * interval
+  positive = pmf > 0
+  exponent = jnp.where(positive, jnp.log(jnp.where(positive, pmf, 1.0)), -jnp.inf) + (
+      lam[..., None] * losses)
+  c = lax.stop_gradient(jax.nn.logsumexp(exponent, axis=-1))
+  finite = jnp.isfinite(c)
+  c = jnp.where(finite, c, 0.0)
+  tilted = jnp.where(positive & finite[..., None],
+                     jnp.exp(jnp.where(positive, exponent, 0.0) - c[..., None]), 0.0)
+  return tilted, c
+
+
+def _log_spectrum(f, t, eta):
   """Σ_i t_i·log f_i over the phase axis (−2), as (Σ t_i log|f_i|, Σ t_i arg f_i, whether a
   factor with t_i > 0 is 0), for complex f and integer-valued t ≥ 0: the product of powers
   Π_i f_i^{t_i} is then exp of the first times e^{i·second} (for integer t the branch of arg
   does not matter), one exponential, sine and cosine per frequency however many phases (real
   log, exp, sin and cos also vectorise where complex ones do not), with finite derivatives.
-  The phase carries arg f's rounding times t (2e-11 rad at t = 5·10⁴), as any exp(t·log f)
-  does (NumPy's and dp_accounting's powers included)."""
+
+  With it, what bounds the product's rounding (see :func:`_spectrum_error`): Σ t_i
+  log(|f_i| + η_i), with η_i a bound on |f_i|'s error at every frequency, and
+  Σ t_i (|log|f_i|| + 8), which scales the rounding of the logarithms, arguments and their
+  multiples by t (2e-11 rad at t = 5·10⁴, as any exp(t·log f) carries)."""
   t = t[:, None]
   square = f.real**2 + f.imag**2
   nonzero = square > 0
   log_modulus = jnp.where(nonzero, 0.5 * jnp.log(jnp.where(nonzero, square, 1.0)), 0.0)
   angle = jnp.arctan2(jnp.where(nonzero, f.imag, 0.0), jnp.where(nonzero, f.real, 1.0))
-  return (jnp.sum(t * log_modulus, axis=-2), jnp.sum(t * angle, axis=-2),
-          jnp.any(~nonzero & (t > 0), axis=-2))
+  modulus = lax.stop_gradient(jnp.sqrt(square))
+  upper = jnp.log(modulus + eta[..., None])
+  rounding = jnp.abs(lax.stop_gradient(log_modulus)) + 8.0
+  return (jnp.sum(_weighted(t, log_modulus), axis=-2), jnp.sum(_weighted(t, angle), axis=-2),
+          jnp.any(~nonzero & (t > 0), axis=-2),
+          jnp.sum(_weighted(t, upper), axis=-2), jnp.sum(_weighted(t, rounding), axis=-2))
 
 
 def _fold(pmf, bins):
@@ -224,16 +273,52 @@ def _fold(pmf, bins):
   return padded.reshape(pmf.shape[:-1] + (laps, bins)).sum(axis=-2)
 
 
-def _phase_sums(q, sigma, t, grid):
-  """What the phases contribute, summed over them (a leading axis (remove, add) on each):
-  Σ t_i log F_i of their folded PMFs' spectra (see :func:`_log_spectrum`), Σ t_i K_i(λ),
-  Σ t_i log(1 − p_∞,i) and the offset Σ t_i start_i of the composed grid."""
+def _pmf_rounding(q, sigma, start, c, lam, grid):
+  """A bound on the relative rounding error of every point of one step's tilted PMF. Each mass
+  is a difference of two Gaussian tail functions at thresholds z = x/σ whose rounding is
+  about u·(|z| + σ·(|l| + |log q|)), over intervals Δz ≥ Δ·σ wide (the loss has slope ≤ 1/σ²
+  in x); the connect-the-dots split divides by 1 − e^{−Δ}; the tilt e^{log p + λl − c} adds
+  u·(|log p| + λ|l| + |c|). With a safety factor of 32 over these first-order estimates."""
+  sigma_safe = jnp.where(sigma > 0, sigma, 1.0)
+  q_safe = jnp.where(q > 0, q, 1.0)
+  reach = (jnp.abs(start) + grid.pmf_bins) * grid.interval
+  spread = (_Z / sigma_safe + reach + jnp.abs(jnp.log(q_safe)) + 2.0) / grid.interval
+  tilt = 745.0 + lam * reach + jnp.abs(c)
+  return jnp.minimum(32 * _U * (1.0 + jnp.where(q > 0, spread, 0.0) + tilt), 1.0)
+
+
+def _moment_sums(q, sigma, t, grid):
+  """What the phases contribute to the window, summed over them (a leading axis (remove, add)
+  on each): Σ t_i K_i(λ) (an upper bound), Σ t_i log(1 − p_∞,i) and the offset Σ t_i start_i
+  of the composed grid."""
   start, pmf, above = lax.optimization_barrier(step_pmfs(q, sigma, grid.interval, grid.pmf_bins))
-  log_modulus, angle, vanishes = _log_spectrum(jnp.fft.rfft(_fold(pmf, grid.bins)), t)
-  return (log_modulus, angle, vanishes,
-          jnp.sum(t[:, None] * _log_mgf(pmf, start, grid.interval), axis=-2),
-          jnp.sum(t * jnp.log1p(-above), axis=-1),
-          jnp.sum(t.astype(jnp.int64) * start, axis=-1))
+  k = _log_mgf(pmf, start, grid.interval)
+  return (jnp.sum(_weighted(t[:, None], k), axis=-2)
+          + 1e-10 * jnp.sum(_weighted(t[:, None], jnp.abs(k)), axis=-2),
+          jnp.sum(_weighted(t, jnp.log1p(-above)), axis=-1),
+          jnp.sum(jnp.where(t > 0, t.astype(jnp.int64) * start, 0), axis=-1))
+
+
+def _spectrum_sums(q, sigma, t, lam, grid):
+  """What the phases contribute to the tilted composition (a leading axis (remove, add) on
+  each): the sums of :func:`_log_spectrum` of the tilted, folded PMFs' spectra, Σ t_i c_i
+  with a bound on its rounding, and Σ t_i log(1 + ρ_i) with ρ_i the relative rounding of step
+  i's masses (:func:`_pmf_rounding`): the exact composition of the exact PMFs is at most
+  Π_i(1 + ρ_i)^{t_i} times that of the computed ones, point by point (convolution is monotone
+  in non-negative inputs)."""
+  start, pmf, _ = lax.optimization_barrier(step_pmfs(q, sigma, grid.interval, grid.pmf_bins))
+  tilted, c = _tilt(pmf, start, grid.interval, lam[:, None])
+  folded = _fold(tilted, grid.bins)
+  # |f_k|'s error: the FFT's (Higham 2002, Thm. 24.2: ‖δf‖₂ ≤ log₂n·η/(1 − log₂n·η)·‖f‖₂ with
+  # η ≈ 6u, ‖f‖₂ = √n‖p̃‖₂, a bound at every frequency; 16u per level here) and tilted masses
+  # flushed below the smallest normal.
+  levels = math.ceil(math.log2(grid.bins))
+  norm = jnp.sqrt(jnp.sum(lax.stop_gradient(folded) ** 2, axis=-1))
+  eta = 16 * _U * levels * math.sqrt(grid.bins) * norm + grid.pmf_bins * _SMALLEST_NORMAL
+  sums = _log_spectrum(jnp.fft.rfft(folded), t, eta)
+  rho = _pmf_rounding(q, sigma, start, c, lam[:, None], grid)
+  return sums + (jnp.sum(_weighted(t, c), axis=-1), jnp.sum(_weighted(t, jnp.abs(c)), axis=-1),
+                 jnp.sum(_weighted(t, jnp.log1p(rho)), axis=-1))
 
 
 def _phase_chunk(grid: PldGrid) -> int:
@@ -241,98 +326,166 @@ def _phase_chunk(grid: PldGrid) -> int:
   return max(1, MAX_ELEMENTS // (2 * max(grid.bins, grid.pmf_bins)))
 
 
-def _composed(q, sigma, t, grid):
-  """Both directions' composed PLDs on their windows.
-
-  Returns (first, window, p_inf) with a leading axis (remove, add): the window's first point's
-  index (its points are (first + k)Δ, k < bins), the masses there, and the infinite-loss mass
-  (the steps' own, and the Chernoff bound on the composed mass above the window). Schedules
-  with more phases than :func:`_phase_chunk` are summed chunk by chunk in a ``lax.scan``
-  (bounded memory); padding phases have t = 0 and add nothing."""
-  interval, bins = grid.interval, grid.bins
+def _over_phases(sums, q, sigma, t, grid, *extra):
+  """``sums(q, σ, t, *extra, grid)`` summed over the phases: at once, or for schedules with more
+  phases than :func:`_phase_chunk`, chunk by chunk in a ``lax.scan`` (bounded memory; padding
+  phases have t = 0 and add nothing; boolean parts are or-ed)."""
   chunk = _phase_chunk(grid)
   if q.shape[0] <= chunk:
-    sums = _phase_sums(q, sigma, t, grid)
+    return sums(q, sigma, t, *extra, grid)
+  pad = -q.shape[0] % chunk
+  padded = [jnp.pad(v, (0, pad), constant_values=c).reshape(-1, chunk)
+            for v, c in ((q, 0.0), (sigma, 1.0), (t, 0.0))]
+  def add(total, phases):
+    part = sums(*phases, *extra, grid)
+    return jax.tree.map(lambda a, b: a | b if a.dtype == bool else a + b, total, part), None
+  first_part = sums(*(v[0] for v in padded), *extra, grid)
+  total, _ = loops.scan(add, first_part, tuple(v[1:] for v in padded))
+  return total
+
+
+def _spectrum_error(log_modulus, log_upper, rounding, composed):
+  """A bound on the absolute error of every point of the tilted composed PMF.
+
+  At frequency k the computed Π_i f_i^{t_i} differs from the exact product by at most
+  Π_i(|f_i| + η_i)^{t_i} − Π_i|f_i|^{t_i} (the inputs' errors: |Π a_i − Π b_i| ≤
+  Π(|b_i| + |a_i − b_i|) − Π|b_i|) plus |Π_i f_i^{t_i}|·(e^{2r} − 1) with r = u·Σ t_i(|log|f_i|| + 8)
+  (the rounding of the logarithms, arguments and their t-fold multiples), and a point of the
+  inverse FFT is 1/n times a sum over all n frequencies (the half spectrum counted twice).
+  The inverse FFT's own rounding adds at most log₂n·16u·‖p‖₂ at any point (Higham, Thm. 24.2)."""
+  n = composed.shape[-1]
+  exact = jnp.exp(log_modulus)
+  per_frequency = (jnp.exp(log_upper) - exact + exact * jnp.expm1(2 * _U * rounding)
+                   + 8 * _U * jnp.exp(log_upper))
+  spectral = 2.0 / n * jnp.sum(per_frequency, axis=-1)
+  inverse = 16 * _U * math.ceil(math.log2(n)) * jnp.sqrt(jnp.sum(composed**2, axis=-1))
+  return (spectral + inverse) * (1.0 + 1e-6) + _MASS_FLOOR
+
+
+def _tilt_order(k_total, lam, delta=None, epsilon=None):
+  """The tilt λ for reading δ(ε) (the Chernoff order of P(L ≥ ε): argmin K(λ) − λε) or ε(δ)
+  (that of the quantile at δ: argmin (K(λ) − log δ)/λ); any λ gives the same PLD, this one
+  puts the tilted composition's mass where δ is read."""
+  if epsilon is None:
+    objective = (k_total - jnp.log(delta)) / lam
   else:
-    pad = -q.shape[0] % chunk
-    padded = [jnp.pad(v, (0, pad), constant_values=c).reshape(-1, chunk)
-              for v, c in ((q, 0.0), (sigma, 1.0), (t, 0.0))]
-    def add(total, phases):
-      part = _phase_sums(*phases, grid)
-      return jax.tree.map(lambda a, b: a | b if a.dtype == bool else a + b, total, part), None
-    first_part = _phase_sums(*(v[0] for v in padded), grid)
-    sums, _ = loops.scan(add, first_part, tuple(v[1:] for v in padded))
-  log_modulus, angle, vanishes, k_total, log_finite, offset = sums
+    objective = k_total - lam * epsilon
+  best = jnp.argmin(jnp.where(jnp.isnan(objective), jnp.inf, objective), axis=-1)
+  return lax.stop_gradient(lam[best])
+
+
+def _composed(q, sigma, t, grid, *, delta=None, epsilon=None):
+  """Both directions' composed PLDs on their windows, certified against rounding.
+
+  Returns (first, log_mass, p_inf) with a leading axis (remove, add): the window's first
+  point's index (its points are (first + k)Δ, k < bins), the logarithm of an upper bound on the
+  mass at each point, and the infinite-loss mass (the steps' own, and the Chernoff bound on the
+  composed mass above the window). The composition is that of the PMFs tilted at the Chernoff
+  order of the tail being read (``delta`` for ε(δ), ``epsilon`` for δ(ε); :func:`_tilt`); every
+  point of the tilted composition is raised by the bound of :func:`_spectrum_error` on the
+  FFT's rounding, then by the factor Π_i(1 + ρ_i)^{t_i} for the PMFs' own, as the tilt is undone (in logarithms: e^{Σ t_i c_i − λ l} may overflow where nothing is read), so
+  the window's masses are never below the exact composition's. Mass the circle wraps onto the
+  window only adds to it (at a larger loss from below, at a smaller one from above the
+  window, whose mass is also counted in p_∞)."""
+  interval, bins = grid.interval, grid.bins
+  lam = jnp.asarray(_lambdas(interval), q.dtype)
+  k_total, log_finite, offset = _over_phases(_moment_sums, q, sigma, t, grid)
+  tilt = _tilt_order(k_total, lam, delta, epsilon)                        # (2,)
+  (log_modulus, angle, vanishes, log_upper, rounding, c_total, c_magnitude,
+   log_relative) = _over_phases(_spectrum_sums, q, sigma, t, grid, tilt)
   modulus = jnp.where(vanishes, 0.0, jnp.exp(log_modulus))
   spectrum = lax.complex(modulus * jnp.cos(angle), modulus * jnp.sin(angle))
-  composed = jnp.maximum(jnp.fft.irfft(spectrum, n=bins), 0.0)           # (2, bins)
+  tilted = jnp.fft.irfft(spectrum, n=bins)                                # (2, bins)
+  log_modulus = jnp.where(vanishes, -jnp.inf, lax.stop_gradient(log_modulus))
+  floor = lax.stop_gradient(_spectrum_error(log_modulus, log_upper, rounding, tilted))
+  upper = jnp.maximum(tilted, 0.0) + floor[:, None]
   # The window's top: the Chernoff quantile of the composed loss at tail_mass.
-  lam = jnp.asarray(_LAMBDAS, k_total.dtype)
   quantile = jnp.min((k_total - math.log(grid.tail_mass)) / lam, axis=-1)
   # (No finite mass at all: K = −∞ and any window will do; clipped so the index stays valid.)
   quantile = jnp.clip(jnp.where(jnp.isnan(quantile), 0.0, quantile), -1e6, 1e6)
   top = jnp.ceil(quantile / interval).astype(jnp.int64)
   first = top - bins + 1
-  window = jax.vmap(jnp.roll)(composed, -jnp.mod(first - offset, bins))
+  window = jax.vmap(jnp.roll)(upper, -jnp.mod(first - offset, bins))
+  # The tilt undone at each point: e^{Σ t_i c_i − λ l_k}, the exponent raised by its rounding.
+  losses = (first[:, None] + jnp.arange(bins)) * interval
+  exponent = c_total[:, None] - tilt[:, None] * losses
+  exponent = exponent + 4 * _U * (c_magnitude[:, None] + jnp.abs(tilt[:, None] * losses)
+                                  + jnp.abs(exponent)) * (q.shape[0] + 2)
+  exponent = exponent + log_relative[:, None] * (1.0 + 1e-6)
   log_tail = jnp.min(k_total - lam * (top[:, None] + 1) * interval, axis=-1)  # above the window
-  return first, window, -jnp.expm1(log_finite) + jnp.exp(log_tail)
+  return first, jnp.log(window) + exponent, -jnp.expm1(log_finite) + jnp.exp(log_tail)
 
 
-def _delta_of(first, window, p_inf, eps, interval):
-  """δ(ε) = p_∞ + Σ_k p_k (1 − e^{ε − l_k})₊ on each direction's window (leading axis)."""
-  losses = (first[:, None] + jnp.arange(window.shape[-1])) * interval
-  gap = jnp.where(losses > eps, eps - losses, 0.0)
-  return p_inf + jnp.sum(window * -jnp.expm1(gap), axis=-1)
+def _delta_of(first, log_mass, p_inf, eps, interval):
+  """δ(ε) = p_∞ + Σ_k p_k (1 − e^{ε − l_k})₊ on each direction's window (leading axis), from the
+  masses' logarithms (no overflow however far the tilt was undone), raised by the rounding of
+  a sum of n non-negative terms (relative (n − 1)u) and of its logarithm and exponential."""
+  n = log_mass.shape[-1]
+  losses = (first[:, None] + jnp.arange(n)) * interval
+  above = losses > eps
+  gap = jnp.where(above, eps - losses, -1.0)
+  terms = jnp.where(above, log_mass + jnp.log(-jnp.expm1(gap)), -jnp.inf)
+  return p_inf + jnp.exp(jax.nn.logsumexp(terms, axis=-1) + (2 * n + 16) * _U)
 
 
-def _epsilon_of(first, window, p_inf, delta, interval):
+def _suffix(log_terms):
+  """log Σ_{j > k} e^{x_j} along the last axis (−inf past the end)."""
+  tail = lax.cumlogsumexp(log_terms, axis=log_terms.ndim - 1, reverse=True)
+  pad = [(0, 0)] * (log_terms.ndim - 1) + [(0, 1)]
+  return jnp.pad(tail[..., 1:], pad, constant_values=-jnp.inf)
+
+
+def _delta_at(p_inf, log_s0, log_s1, losses):
+  """δ(l_k) = p_∞ + S₀ − e^{l_k}·S₁ with S₀ = Σ_{j>k} p_j and S₁ = Σ_{j>k} p_j e^{−l_j} given by
+  their logarithms, as p_∞ + S₀·(1 − e^{l_k + log S₁ − log S₀}) (no cancellation; each term of
+  S₁ e^{l_k} is below its term of S₀, so the exponent is ≤ 0 up to rounding, clipped there)."""
+  held = log_s0 > -jnp.inf
+  ratio = jnp.minimum(jnp.where(held, losses + log_s1 - log_s0, 0.0), 0.0)
+  return p_inf + jnp.where(held, jnp.exp(log_s0) * -jnp.expm1(ratio), 0.0)
+
+
+def _epsilon_of(first, log_mass, p_inf, delta, interval):
   """The smallest ε ≥ 0 with δ(ε) ≤ δ on each direction's window (leading axis; +inf where
-  p_∞ ≥ δ), in closed form on the grid interval that holds it; differentiable in the masses
-  and δ (the implicit derivative).
+  p_∞ ≥ δ), from the masses' logarithms, in closed form on the grid interval that holds it;
+  differentiable in the masses and δ (the implicit derivative).
 
-  δ at a grid point is δ(l_k) = p_∞ + S₀(k+1) − e^{l_k − l_top}·S₁(k+1), with suffix sums
-  S₀(j) = Σ_{i≥j} p_i and S₁(j) = Σ_{i≥j} p_i e^{l_top − l_i}, found in two levels: at the ends
-  of blocks of :data:`_READ_BLOCK` points, then inside the block where δ crosses the target.
-  Points more than 700 below the window's top (where e^{l_top − l_i} would overflow) are
-  left out of S₁, and e^{l_k − l_top} may underflow to 0: both only lower the subtracted
-  term, so δ(l_k) is never below the true one, the point found never below the true one, and
-  the ε below never smaller (exact wherever the bins above ε lie within 700 of the top, which
-  holds for every window up to 700 wide). ε is kept in [l_{k−1}, l_k], the interval the
-  closed form is exact on, so no rounding can move it below l_{k−1}."""
-  d, n = window.shape
+  δ at a grid point is δ(l_k) = p_∞ + S₀(k+1) − e^{l_k}·S₁(k+1), with suffix sums
+  S₀(j) = Σ_{i≥j} p_i and S₁(j) = Σ_{i≥j} p_i e^{−l_i}, kept as logarithms (log-sum-exp: no
+  overflow or underflow however wide the window or far the tilt was undone) and found in two
+  levels: at the ends of blocks of :data:`_READ_BLOCK` points, then inside the block where δ
+  crosses the target. S₀ is rounded up and S₁ down by the rounding of a sum of n terms, which
+  only raises δ(l_k), so the point found is never below the true one. ε is kept in
+  [l_{k−1}, l_k], the interval the closed form ε = log((p_∞ + S₀(k) − δ)/S₁(k)) is exact on, so
+  no rounding can move it below l_{k−1}."""
+  d, n = log_mass.shape
   nb = n // _READ_BLOCK
   index = jnp.arange(n)
-  below_top = (n - 1 - index) * interval
-  weight = jnp.where(below_top <= 700.0, jnp.exp(jnp.minimum(below_top, 700.0)), 0.0)
-  down = jnp.exp(-below_top)                                     # e^{l_k − l_top}
-  w = lax.stop_gradient(window)
+  losses = (first[:, None] + index) * interval                        # (d, n)
+  margin = (2 * n + 16) * _U
+  log_mass_0 = lax.stop_gradient(log_mass)
   p_inf_0 = lax.stop_gradient(p_inf)
-  blocks = w.reshape(d, nb, _READ_BLOCK)
-  block_weight = weight.reshape(nb, _READ_BLOCK)
-  sums = jnp.stack([blocks.sum(axis=-1), (blocks * block_weight).sum(axis=-1)])   # (S₀|S₁, d, nb)
-  after = jnp.pad(lax.cumsum(sums, axis=2, reverse=True)[..., 1:], [(0, 0), (0, 0), (0, 1)])
+  pair = jnp.stack([log_mass_0 + margin, log_mass_0 - losses - margin])   # (S₀|S₁, d, n)
+  blocks = pair.reshape(2, d, nb, _READ_BLOCK)
+  after = _suffix(jax.nn.logsumexp(blocks, axis=-1))                # (2, d, nb)
   # δ at each block's last point; the first block whose last point meets δ holds the crossing.
-  last = index[_READ_BLOCK - 1::_READ_BLOCK]
-  block = jnp.argmax(p_inf_0[:, None] + after[0] - after[1] * down[last] <= delta, axis=-1)
-  inside = jnp.take_along_axis(blocks, block[:, None, None], axis=1)[:, 0]           # (d, B)
-  inside = jnp.stack([inside, inside * block_weight[block]])                          # (2, d, B)
+  last = losses[:, _READ_BLOCK - 1::_READ_BLOCK]
+  block = jnp.argmax(_delta_at(p_inf_0[:, None], after[0], after[1], last) <= delta, axis=-1)
+  inside = jnp.take_along_axis(blocks, block[None, :, None, None], axis=2)[:, :, 0]  # (2, d, B)
   beyond = jnp.take_along_axis(after, block[None, :, None], axis=2)                  # (2, d, 1)
-  strictly_after = jnp.arange(_READ_BLOCK)[:, None] > jnp.arange(_READ_BLOCK)
-  suffix = inside @ strictly_after.astype(w.dtype) + beyond          # S(k + 1) inside the block
+  suffix = jnp.logaddexp(_suffix(inside), beyond)                   # S(k + 1) inside the block
   k_all = block[:, None] * _READ_BLOCK + jnp.arange(_READ_BLOCK)
-  delta_at = p_inf_0[:, None] + suffix[0] - suffix[1] * down[k_all]
-  met = delta_at <= delta
+  met = _delta_at(p_inf_0[:, None], suffix[0], suffix[1],
+                  jnp.take_along_axis(losses, k_all, axis=1)) <= delta
   k = block * _READ_BLOCK + jnp.argmax(met, axis=-1)
   found = jnp.any(met, axis=-1)
   # The bins k, k + 1, ... are those above ε ∈ (l_{k−1}, l_k]: ε in closed form there.
   mask = index >= k[:, None]
-  s0 = jnp.sum(jnp.where(mask, window, 0.0), axis=-1)
-  s1 = jnp.sum(jnp.where(mask, window * weight, 0.0), axis=-1)
-  numerator = p_inf + s0 - delta
-  ok = found & (numerator > 0) & (s1 > 0)
+  log_s0 = jax.nn.logsumexp(jnp.where(mask, log_mass, -jnp.inf), axis=-1) + margin
+  log_s1 = jax.nn.logsumexp(jnp.where(mask, log_mass - losses, -jnp.inf), axis=-1) - margin
+  numerator = p_inf + jnp.exp(log_s0) - delta
+  ok = found & (numerator > 0) & (log_s1 > -jnp.inf)
   at_k = (first + k) * interval
-  eps = (jnp.log(jnp.where(ok, numerator, 1.0)) - jnp.log(jnp.where(ok, s1, 1.0))
-         + (first + n - 1) * interval)
+  eps = jnp.log(jnp.where(ok, numerator, 1.0)) - jnp.where(ok, log_s1, 0.0)
   # Not in closed form: δ ≤ p_∞ (ε = +inf), or δ met at the first point (ε at or below it:
   # that point, a bound).
   below = jnp.where(k > 0, at_k - interval, -jnp.inf)   # l_{k−1}: δ(l_{k−1}) > δ was found
@@ -350,15 +503,15 @@ def _light(arguments):
 @compilation.jit(static_argnames=("grid",), work=_light)
 def pld_epsilon_unchecked(q, sigma, t, delta, grid):
   """ε(δ) of the schedule (phase arrays q, σ, t of float64), the larger of the directions'."""
-  first, window, p_inf = _composed(q, sigma, t, grid)
-  return jnp.max(_epsilon_of(first, window, p_inf, delta, grid.interval))
+  first, log_mass, p_inf = _composed(q, sigma, t, grid, delta=delta)
+  return jnp.max(_epsilon_of(first, log_mass, p_inf, delta, grid.interval))
 
 
 @compilation.jit(static_argnames=("grid",), work=_light)
 def pld_delta_unchecked(q, sigma, t, epsilon, grid):
   """δ(ε) of the schedule, the larger of the directions'."""
-  first, window, p_inf = _composed(q, sigma, t, grid)
-  return jnp.minimum(jnp.max(_delta_of(first, window, p_inf, epsilon, grid.interval)), 1.0)
+  first, log_mass, p_inf = _composed(q, sigma, t, grid, epsilon=epsilon)
+  return jnp.minimum(jnp.max(_delta_of(first, log_mass, p_inf, epsilon, grid.interval)), 1.0)
 
 
 # ---------------------------------------------------------------------------------------------
