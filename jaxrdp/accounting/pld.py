@@ -500,18 +500,26 @@ def _light(arguments):
   return 0
 
 
+def _larger(per_direction):
+  """The larger of the (remove, add) values, and its derivative. At q = 1 the two directions
+  are the same Gaussian pair and tie; below 1 the remove direction is the larger near q = 1, so
+  a tie takes the remove direction's derivative: the one-sided derivative in q at q = 1
+  (``jnp.max`` would average the two)."""
+  return per_direction[jnp.argmax(per_direction)]
+
+
 @compilation.jit(static_argnames=("grid",), work=_light)
 def pld_epsilon_unchecked(q, sigma, t, delta, grid):
   """ε(δ) of the schedule (phase arrays q, σ, t of float64), the larger of the directions'."""
   first, log_mass, p_inf = _composed(q, sigma, t, grid, delta=delta)
-  return jnp.max(_epsilon_of(first, log_mass, p_inf, delta, grid.interval))
+  return _larger(_epsilon_of(first, log_mass, p_inf, delta, grid.interval))
 
 
 @compilation.jit(static_argnames=("grid",), work=_light)
 def pld_delta_unchecked(q, sigma, t, epsilon, grid):
   """δ(ε) of the schedule, the larger of the directions'."""
   first, log_mass, p_inf = _composed(q, sigma, t, grid, epsilon=epsilon)
-  return jnp.minimum(jnp.max(_delta_of(first, log_mass, p_inf, epsilon, grid.interval)), 1.0)
+  return jnp.minimum(_larger(_delta_of(first, log_mass, p_inf, epsilon, grid.interval)), 1.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -674,9 +682,7 @@ def grid_of(q, sigma, t, given):
   """The grid passed, or one sized from the parameters' values where they are known; a
   ValueError where one phase's work arrays would exceed :data:`MAX_ELEMENTS`."""
   if given is not None:
-    if not isinstance(given, PldGrid):
-      raise TypeError(f"pld_grid must be a PldGrid (from jaxrdp.pld_grid), got {given!r}.")
-    return _fits(q.shape[-1], given)
+    return _fits(q.shape[-1], _checked_grid(given))
   values = [_host_values(v) for v in (q, sigma, t)]
   if any(v is None for v in values):
     raise ValueError(
@@ -684,6 +690,23 @@ def grid_of(q, sigma, t, given):
         "here (inside jax.jit): pass pld_grid=jaxrdp.pld_grid(sampling_rate, noise_multiplier, "
         "steps) computed outside, for the widest schedule the function will see.")
   return _fits(q.shape[-1], grid_for(*values))
+
+
+def _checked_grid(grid) -> PldGrid:
+  """A PldGrid whose fields are usable: made by :func:`pld_grid`, or by hand with the same
+  constraints (a TypeError or ValueError naming the field otherwise)."""
+  if not isinstance(grid, PldGrid):
+    raise TypeError(f"pld_grid must be a PldGrid (from jaxrdp.pld_grid), got {grid!r}.")
+  validation.check("pld_interval", grid.interval, name="pld_grid.interval")
+  validation.check("tail_mass", grid.tail_mass, name="pld_grid.tail_mass")
+  for name, multiple in (("pmf_bins", _BLOCK), ("bins", _READ_BLOCK)):
+    value = getattr(grid, name)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+      raise TypeError(f"pld_grid.{name} must be an int, got {value!r}.")
+    if value < multiple or value % multiple:
+      raise ValueError(f"pld_grid.{name} must be a positive multiple of {multiple}, got {value}; "
+                       "make grids with jaxrdp.pld_grid.")
+  return grid
 
 
 def _fits(phases: int, grid: PldGrid) -> PldGrid:

@@ -1,0 +1,97 @@
+"""Corners of the PLD accountant where it once reported too small an ε (issue 33).
+
+References, none computed by the code under test:
+
+* ``dp_accounting.pld.PLDAccountant`` at the same discretisation interval (the same pessimistic
+  connect-the-dots quantity, computed independently, also at coarse intervals);
+* the exact ε of the Gaussian mechanism composed T times (q = 1: μ = √T/σ,
+  δ(ε) = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2)), solved with SciPy to 1e-14;
+* the identity that a phase with no steps adds nothing, and one-sided finite differences.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from dp_accounting import dp_event
+from dp_accounting.pld import pld_privacy_accountant
+import jaxrdp
+
+
+def _dp_accounting(q, sigma, steps, delta, interval):
+  accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=interval)
+  accountant.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(sigma)), steps)
+  return accountant.get_epsilon(delta)
+
+
+def _exact_gaussian(sigma, steps, delta):
+  from scipy.optimize import brentq
+  from scipy.stats import norm
+  mu = math.sqrt(steps) / sigma
+  return brentq(lambda e: norm.cdf(-e / mu + mu / 2) - math.exp(e) * norm.cdf(-e / mu - mu / 2)
+                - delta, 0.0, 500.0, xtol=1e-14, rtol=1e-15)
+
+
+@pytest.mark.parametrize("q,sigma,steps,interval", [
+    (0.01, 1.0, 1, 1.0),     # once 0.0 (exact ε 0.19945): the log-MGF's blocks underflowed
+    (0.1, 2.0, 100, 0.3),    # once 0.0 (2.337 at the default interval)
+    (1.0, 2.0, 10, 0.5),     # once 0.0 (exact 7.511)
+])
+def test_coarse_interval_gives_dp_accountings_pessimistic_epsilon(q, sigma, steps, interval):
+  grid = jaxrdp.pld_grid(q, sigma, steps, interval=interval)
+  eps = float(jaxrdp.pld_epsilon(q, sigma, steps, 1e-5, pld_grid=grid))
+  assert eps == pytest.approx(_dp_accounting(q, sigma, steps, 1e-5, interval), rel=1e-9)
+  if q == 1.0:
+    assert eps >= _exact_gaussian(sigma, steps, 1e-5)
+
+
+@pytest.mark.parametrize("sigma,steps,delta", [
+    (300.0, 100_000, 1e-12),   # once 7.64398 against the exact 7.66548
+    (25.0, 10_000, 1e-10),     # once 4e-6 below
+])
+def test_small_delta_is_never_below_the_exact_gaussian_epsilon(sigma, steps, delta):
+  exact = _exact_gaussian(sigma, steps, delta)
+  eps = float(jaxrdp.dpsgd_epsilon(1.0, sigma, steps, delta, accountant="pld"))
+  assert exact <= eps <= exact * (1 + 1e-3), (eps, exact)
+  # and δ at the exact ε is never reported below the requested δ
+  assert float(jaxrdp.pld_delta(1.0, sigma, steps, exact)) >= delta
+
+
+def test_zero_steps_give_zero_epsilon_and_zero_delta():
+  assert float(jaxrdp.pld_epsilon(0.01, 1.0, 0, 1e-5)) == 0.0     # once +inf
+  # δ: 0 up to the certified rounding allowance (jaxrdp.accounting.pld._composed)
+  assert 0.0 <= float(jaxrdp.pld_delta(0.01, 1.0, 0, 0.5)) < 1e-15  # once NaN
+
+
+def test_a_phase_without_steps_adds_nothing():
+  with_empty = jaxrdp.pld_epsilon(np.array([0.01, 0.02]), np.array([1.0, 1.5]),
+                                  np.array([100.0, 0.0]), 1e-5)     # once +inf
+  alone = jaxrdp.pld_epsilon(0.01, 1.0, 100, 1e-5)
+  assert float(with_empty) == pytest.approx(float(alone), rel=1e-6)
+
+
+def test_derivative_in_q_at_one_is_the_one_sided_derivative():
+  # At q = 1 both directions are the same Gaussian pair; the derivative must be the left one
+  # (it once averaged the two directions': 215 against 116.3).
+  grid = jaxrdp.pld_grid(1.0, 1.0, 100)
+  eps = lambda q: jaxrdp.pld_epsilon(q, 1.0, 100.0, 1e-5, pld_grid=grid)
+  h = 1e-5
+  left = (float(eps(1.0)) - float(eps(1.0 - h))) / h
+  assert float(jax.grad(eps)(1.0)) == pytest.approx(left, rel=1e-3)
+
+
+@pytest.mark.parametrize("grid,error,field", [
+    (jaxrdp.PldGrid(1e-4, 100, 1024, 1e-15), ValueError, "pmf_bins"),    # once a reshape TypeError
+    (jaxrdp.PldGrid(1e-4, 0, 1024, 1e-15), ValueError, "pmf_bins"),      # once ZeroDivisionError
+    (jaxrdp.PldGrid(1e-4, 128, 1000, 1e-15), ValueError, "bins"),
+    (jaxrdp.PldGrid(-1e-4, 128, 1024, 1e-15), ValueError, "interval"),   # once a silent inf
+    (jaxrdp.PldGrid(1e-4, 128, 1024, 2.0), ValueError, "tail_mass"),     # once a silent inf
+    (jaxrdp.PldGrid(1e-4, 128.0, 1024, 1e-15), TypeError, "pmf_bins"),
+])
+def test_a_hand_made_grid_is_checked_naming_the_field(grid, error, field):
+  with pytest.raises(error, match=field):
+    jaxrdp.pld_epsilon(0.01, 1.0, 10, 1e-5, pld_grid=grid)
