@@ -287,11 +287,17 @@ def _pmf_rounding(q, sigma, start, c, lam, grid):
   return jnp.minimum(32 * _U * (1.0 + jnp.where(q > 0, spread, 0.0) + tilt), 1.0)
 
 
-def _moment_sums(q, sigma, t, grid):
+def _step(q, sigma, grid):
+  """:func:`step_pmfs` on the grid, computed once where it is used twice (a barrier keeps XLA
+  from recomputing its error functions inside each consumer's fusion)."""
+  return lax.optimization_barrier(step_pmfs(q, sigma, grid.interval, grid.pmf_bins))
+
+
+def _moment_sums(q, sigma, t, grid, steps=None):
   """What the phases contribute to the window, summed over them (a leading axis (remove, add)
   on each): Σ t_i K_i(λ) (an upper bound), Σ t_i log(1 − p_∞,i) and the offset Σ t_i start_i
-  of the composed grid."""
-  start, pmf, above = lax.optimization_barrier(step_pmfs(q, sigma, grid.interval, grid.pmf_bins))
+  of the composed grid. ``steps``: the phases' :func:`_step`, where already computed."""
+  start, pmf, above = _step(q, sigma, grid) if steps is None else steps
   k = _log_mgf(pmf, start, grid.interval)
   return (jnp.sum(_weighted(t[:, None], k), axis=-2)
           + 1e-10 * jnp.sum(_weighted(t[:, None], jnp.abs(k)), axis=-2),
@@ -299,14 +305,14 @@ def _moment_sums(q, sigma, t, grid):
           jnp.sum(jnp.where(t > 0, t.astype(jnp.int64) * start, 0), axis=-1))
 
 
-def _spectrum_sums(q, sigma, t, lam, grid):
+def _spectrum_sums(q, sigma, t, lam, grid, steps=None):
   """What the phases contribute to the tilted composition (a leading axis (remove, add) on
   each): the sums of :func:`_log_spectrum` of the tilted, folded PMFs' spectra, Σ t_i c_i
   with a bound on its rounding, and Σ t_i log(1 + ρ_i) with ρ_i the relative rounding of step
   i's masses (:func:`_pmf_rounding`): the exact composition of the exact PMFs is at most
   Π_i(1 + ρ_i)^{t_i} times that of the computed ones, point by point (convolution is monotone
   in non-negative inputs)."""
-  start, pmf, _ = lax.optimization_barrier(step_pmfs(q, sigma, grid.interval, grid.pmf_bins))
+  start, pmf, _ = _step(q, sigma, grid) if steps is None else steps
   tilted, c = _tilt(pmf, start, grid.interval, lam[:, None])
   folded = _fold(tilted, grid.bins)
   # |f_k|'s error: the FFT's (Higham 2002, Thm. 24.2: ‖δf‖₂ ≤ log₂n·η/(1 − log₂n·η)·‖f‖₂ with
@@ -326,13 +332,14 @@ def _phase_chunk(grid: PldGrid) -> int:
   return max(1, MAX_ELEMENTS // (2 * max(grid.bins, grid.pmf_bins)))
 
 
-def _over_phases(sums, q, sigma, t, grid, *extra):
-  """``sums(q, σ, t, *extra, grid)`` summed over the phases: at once, or for schedules with more
-  phases than :func:`_phase_chunk`, chunk by chunk in a ``lax.scan`` (bounded memory; padding
-  phases have t = 0 and add nothing; boolean parts are or-ed)."""
+def _over_phases(sums, q, sigma, t, grid, *extra, steps=None):
+  """``sums(q, σ, t, *extra, grid)`` summed over the phases: at once (with the phases'
+  :func:`_step` ``steps`` where given), or for schedules with more phases than
+  :func:`_phase_chunk`, chunk by chunk in a ``lax.scan`` (bounded memory; padding phases have
+  t = 0 and add nothing; boolean parts are or-ed)."""
   chunk = _phase_chunk(grid)
   if q.shape[0] <= chunk:
-    return sums(q, sigma, t, *extra, grid)
+    return sums(q, sigma, t, *extra, grid, steps)
   pad = -q.shape[0] % chunk
   padded = [jnp.pad(v, (0, pad), constant_values=c).reshape(-1, chunk)
             for v, c in ((q, 0.0), (sigma, 1.0), (t, 0.0))]
@@ -389,10 +396,13 @@ def _composed(q, sigma, t, grid, *, delta=None, epsilon=None):
   window, whose mass is also counted in p_∞)."""
   interval, bins = grid.interval, grid.bins
   lam = jnp.asarray(_lambdas(interval), q.dtype)
-  k_total, log_finite, offset = _over_phases(_moment_sums, q, sigma, t, grid)
+  # One pass for the window and the tilt, one for the tilted spectra: the step PMFs computed
+  # once where all phases fit in one chunk.
+  steps = _step(q, sigma, grid) if q.shape[0] <= _phase_chunk(grid) else None
+  k_total, log_finite, offset = _over_phases(_moment_sums, q, sigma, t, grid, steps=steps)
   tilt = _tilt_order(k_total, lam, delta, epsilon)                        # (2,)
   (log_modulus, angle, vanishes, log_upper, rounding, c_total, c_magnitude,
-   log_relative) = _over_phases(_spectrum_sums, q, sigma, t, grid, tilt)
+   log_relative) = _over_phases(_spectrum_sums, q, sigma, t, grid, tilt, steps=steps)
   modulus = jnp.where(vanishes, 0.0, jnp.exp(log_modulus))
   spectrum = lax.complex(modulus * jnp.cos(angle), modulus * jnp.sin(angle))
   tilted = jnp.fft.irfft(spectrum, n=bins)                                # (2, bins)
@@ -801,6 +811,7 @@ def _evaluate(kernel, sampling_rate, noise_multiplier, steps, name, value, given
   validation.check_all(sampling_rate=sampling_rate, noise_multiplier=noise_multiplier,
                        steps=steps)
   validation.check(name, value)   # "delta" or "epsilon", entries of the domain table
+  validation.check_scalar(**{name: value})
   q, sigma, t = checked_phases(sampling_rate, noise_multiplier, steps, "the PLD accountant")
   grid = grid_of(q, sigma, t, given_grid)
   value = validation.to_device(value, np.float64)
