@@ -95,6 +95,20 @@ def test_epsilon_lower_bound_is_the_clopper_pearson_formula():
   assert epsilon_lower_bound(25_000, 25_000, n, delta, conf) == 0.0
 
 
+@pytest.mark.parametrize("fp,fn,trials,error,message", [
+    (-1, 3, 100, ValueError, "false_positives must be >= 0, got -1"),
+    (3, -1, 100, ValueError, "false_negatives must be >= 0, got -1"),
+    (101, 3, 100, ValueError, r"false_positives must be <= the absent world's trials \(100\), got 101"),
+    (3, 11, (100, 10), ValueError, r"false_negatives must be <= the present world's trials \(10\), got 11"),
+    (2.5, 3, 100, TypeError, "false_positives must be an int, got 2.5"),
+    (3, None, 100, TypeError, "false_negatives must be an int, got None"),
+])
+def test_epsilon_lower_bound_names_the_count_that_is_wrong(fp, fn, trials, error, message):
+  with pytest.raises(error, match=message) as info:
+    epsilon_lower_bound(fp, fn, trials, 1e-5)
+  assert "successes" not in str(info.value)
+
+
 def test_choosing_the_threshold_on_the_counted_trials_would_break_the_confidence_level():
   """Identical worlds (ε = 0): at confidence 0.95 a positive bound is a violation, allowed in
   ≤ 5 % of runs. 300 runs of 2 × 2,000 Gaussian trials (δ = 1e-3), NumPy seed 0.

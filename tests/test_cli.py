@@ -90,6 +90,38 @@ def test_dpsgd_statement(capsys):
     assert piece in text
 
 
+# q = 1, 100,000 steps at σ = 0.2: the PLD's grid would need ~4.6e8 points at the default
+# interval, over its limit (a ValueError of the PLD accountant); RDP answers at once.
+UNSIZABLE_PLD = ["dpsgd", "--dataset-size", "60000", "--batch-size", "60000", "--epochs", "100000",
+                 "--noise-multiplier", "0.2", "--delta", "1e-5"]
+
+
+def test_dpsgd_reports_rdp_when_the_pld_cannot_be_sized(capsys):
+  got = _run_json(capsys, UNSIZABLE_PLD)
+  eps, order, refined = _library(1.0, 0.2, 100_000, 1e-5)
+  assert got["epsilon"] == pytest.approx(eps, rel=1e-12) and got["order"] == order
+  assert got["epsilon_refined"] == pytest.approx(refined, rel=1e-12)
+  assert got["epsilon_pld"] is None
+  assert "grid points" in got["epsilon_pld_unavailable"]
+  assert cli.main(UNSIZABLE_PLD) == 0
+  text = capsys.readouterr().out
+  assert f"epsilon = {refined:.4g}" in text and "accounted by Renyi DP" in text
+  assert "unavailable for this configuration" in text
+
+
+def test_dpsgd_json_says_the_pld_is_available(capsys):
+  got = _run_json(capsys, ["dpsgd", "--dataset-size", "1000", "--batch-size", "10", "--epochs",
+                           "1", "--noise-multiplier", "1.1", "--delta", "1e-5"])
+  assert got["epsilon_pld"] is not None and got["epsilon_pld_unavailable"] is None
+
+
+def test_dpsgd_with_the_pld_accountant_still_fails_when_it_cannot_be_sized(capsys):
+  with pytest.raises(SystemExit) as exc:
+    cli.main(UNSIZABLE_PLD + ["--accountant", "pld"])
+  assert exc.value.code == 2
+  assert "grid points" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, flag", [
     (["epsilon", "--sampling-rate", "0.01", "--noise-multiplier", "1.1", "--steps", "100",
       "--delta", "2"], "--delta must lie in (0, 1), got 2"),

@@ -548,3 +548,25 @@ def test_invalid_scheduled_values_under_jit_give_nan_updates():
   assert np.all(np.isfinite(np.asarray(u["w"])))
   u, state = step(_grads(2), state, params)
   assert np.all(np.isnan(np.asarray(u["w"])))
+
+
+@pytest.mark.parametrize("name,bad", [("sampling_rate", 0.0), ("sampling_rate", 1.5),
+                                      ("sampling_rate", np.nan), ("noise_multiplier", -1.0)])
+def test_a_schedule_leaving_its_domain_under_jit_gives_nan_updates_and_nan_rdp(name, bad):
+  # q = 0 is in the accountant's [0, 1] but not a rate that draws batches, (0, 1]: a step at
+  # it is invalid like σ < 0, not a free step (its RDP would be 0 and ε would stop growing).
+  valid = {"sampling_rate": Q, "noise_multiplier": SIGMA}
+  schedule = lambda c: jnp.where(c >= 1, bad, valid[name])
+  tx = _agg(**{"q" if name == "sampling_rate" else "sigma": schedule})
+  params = _params()
+  step = jax.jit(tx.update)
+  u, state = step(_grads(2), tx.init(params), params)
+  assert np.all(np.isfinite(np.asarray(u["w"])))
+  assert np.isfinite(float(privacy_spent(state, DELTA)[0]))
+  for _ in range(2):
+    u, state = step(_grads(2), state, params)
+    assert np.all(np.isnan(np.asarray(u["w"]))) and np.all(np.isnan(np.asarray(u["b"])))
+    assert np.all(np.isnan(np.asarray(rdp_spent(state)[1])))
+    assert float(privacy_spent(state, DELTA)[0]) == np.inf   # every order skipped: never finite
+  with pytest.raises(ValueError, match=name):   # eagerly, the schedule's value is checked
+    tx.update(_grads(2), state, params)

@@ -152,3 +152,77 @@ def test_messages_name_the_argument_the_range_and_the_value(value, shown):
   with pytest.raises(ValueError) as info:
     validation.check("delta", value, name="delta")
   assert str(info.value) == f"delta must lie in (0.0, 1.0) and be finite; got {shown}."
+
+
+# --- shapes: a ValueError naming the arguments and their shapes, never an internal error -------
+
+F3, F23 = np.full(3, 0.01), np.full((2, 3), 0.01)
+SHAPE_CASES = [
+    # (call, the argument names and shapes the message must show)
+    (lambda: jaxrdp.dpsgd_epsilon(F23, 1.1, 100, 1e-5), ["sampling_rate", "(2, 3)"]),
+    (lambda: jaxrdp.dpsgd_epsilon(F3, np.ones(2), 100, 1e-5),
+     ["sampling_rate", "(3,)", "noise_multiplier", "(2,)"]),
+    (lambda: jaxrdp.dpsgd_epsilon(0.01, 1.1, 100, np.full(2, 1e-5)), ["delta", "(2,)"]),
+    (lambda: jaxrdp.dpsgd_epsilon(0.01, 1.1, 100, np.full(2, 1e-5), method="classic"),
+     ["delta", "(2,)"]),
+    (lambda: jaxrdp.dpsgd_epsilon(0.01, 1.1, 100, np.full(2, 1e-5), accountant="pld"),
+     ["delta", "(2,)"]),
+    (lambda: jaxrdp.calibrate_steps(2.0, 1e-5, F3, np.ones(2)),
+     ["sampling_rate", "(3,)", "noise_multiplier", "(2,)"]),
+    (lambda: jaxrdp.calibrate_steps(2.0, 1e-5, F3, 1.0), ["sampling_rate", "(3,)"]),
+    (lambda: jaxrdp.calibrate_steps(np.full(3, 2.0), 1e-5, 0.01, 1.0), ["target_epsilon", "(3,)"]),
+    (lambda: jaxrdp.calibrate_steps(2.0, np.full(2, 1e-5), 0.01, 1.0), ["delta", "(2,)"]),
+    (lambda: jaxrdp.calibrate_noise_multiplier(np.full(3, 2.0), 1e-5, 0.01, 100),
+     ["target_epsilon", "(3,)"]),
+    (lambda: jaxrdp.calibrate_noise_multiplier(2.0, 1e-5, F3, np.full(2, 100.0)),
+     ["sampling_rate", "(3,)", "steps", "(2,)"]),
+    (lambda: jaxrdp.calibrate_sampling_rate(np.full(3, 2.0), 1e-5, 1.0, 100),
+     ["target_epsilon", "(3,)"]),
+    (lambda: jaxrdp.calibrate_sampling_rate(2.0, 1e-5, np.ones(3), np.full(2, 100.0)),
+     ["noise_multiplier", "(3,)", "steps", "(2,)"]),
+    (lambda: jaxrdp.epsilon_trajectory(F23, 1.1, 100, 1e-5, np.arange(1, 102.0)),
+     ["sampling_rate", "(2, 3)"]),
+    (lambda: jaxrdp.epsilon_trajectory(0.01, 1.1, 100, np.full((2, 3), 1e-5), np.arange(1, 102.0)),
+     ["delta", "(2, 3)"]),
+    (lambda: jaxrdp.optimize_schedule(lambda s, q: jnp.sum(s ** 2), sampling_rate=0.01,
+                                      noise_multiplier=[1.0, 1.0], steps=[50, 50],
+                                      target_epsilon=np.full(3, 2.0), delta=1e-5),
+     ["target_epsilon", "(3,)"]),
+    (lambda: jaxrdp.optimize_schedule(lambda s, q: jnp.sum(s ** 2), sampling_rate=0.01,
+                                      noise_multiplier=[1.0, 1.0], steps=[50, 50],
+                                      target_epsilon=2.0, delta=np.full(2, 1e-5)),
+     ["delta", "(2,)"]),
+    (lambda: jaxrdp.pld_epsilon(F3, np.ones(2), 100, 1e-5),
+     ["sampling_rate", "(3,)", "noise_multiplier", "(2,)"]),
+    (lambda: jaxrdp.pld_delta(F23, 1.0, 100, 1.0), ["sampling_rate", "(2, 3)"]),
+    (lambda: jaxrdp.poisson_truncation_delta(1000, 0.01, 50, np.ones(2), np.ones(3)),
+     ["steps", "(2,)", "epsilon", "(3,)"]),
+    (lambda: jaxrdp.poisson_truncation_delta(1000, 0.01, 50, 100, np.ones(3)), ["epsilon", "(3,)"]),
+]
+
+
+@pytest.mark.parametrize("call,shown", SHAPE_CASES,
+                         ids=[f"{i}-{'-'.join(shown[::2])}" for i, (_, shown) in enumerate(SHAPE_CASES)])
+def test_shapes_that_do_not_fit_raise_naming_the_arguments_and_shapes(call, shown):
+  with pytest.raises(ValueError) as info:
+    call()
+  message = str(info.value)
+  assert all(piece in message for piece in shown), message
+
+
+def test_schedule_shapes_are_checked_under_jit_too():
+  # Shapes are known at trace time: the same message inside jax.jit.
+  with pytest.raises(ValueError, match=r"target_epsilon.*\(3,\)"):
+    jax.jit(lambda e: jaxrdp.calibrate_steps(e, 1e-5, 0.01, 1.0))(jnp.full(3, 2.0))
+  with pytest.raises(ValueError, match=r"delta.*\(2,\)"):
+    jax.jit(lambda d: jaxrdp.dpsgd_epsilon(0.01, 1.1, 100.0, d))(jnp.full(2, 1e-5))
+
+
+def test_epsilon_trajectory_takes_at_steps_of_any_shape():
+  # Documented: at_steps of any shape, the result of its shape (each entry its own prefix).
+  at = np.array([[10.0, 50.0, 100.0], [0.0, 20.0, 60.0]])
+  q, sigma, steps = np.array([0.01, 0.02]), np.array([1.1, 1.3]), np.array([40.0, 60.0])
+  got = jaxrdp.epsilon_trajectory(q, sigma, steps, 1e-5, at)
+  flat = jaxrdp.epsilon_trajectory(q, sigma, steps, 1e-5, at.ravel())
+  assert got.shape == at.shape
+  np.testing.assert_array_equal(np.asarray(got).ravel(), np.asarray(flat))

@@ -2,9 +2,12 @@
 
 The ranges are the entries of :data:`jaxrdp._internal.domains.DOMAINS`; a public function
 checks each argument once (``check("orders", orders)``) and then calls unchecked internals.
-Checks run only on concrete values. Under ``jax.jit`` (tracers) they are skipped: the
-numerical kernels then give NaN where :func:`in_domain` is false, never a number (see the
-README section "Invalid input under jit").
+Checks run only on concrete values. Under ``jax.jit`` (tracers) they are skipped: every
+public numeric function then gives NaN where an argument lies outside its domain, never a
+plausible number (see the README section "Invalid input"). Elementwise functions apply
+:func:`in_domain` in their compiled kernel; functions of a whole schedule apply
+:func:`all_in_domains` (and :func:`domain_mask`) once, at their public boundary, with
+:func:`nan_where_invalid`, which does nothing where the values are known (eager calls).
 """
 
 from __future__ import annotations
@@ -65,6 +68,75 @@ def check_all(**arguments) -> None:
     check(name, x)
 
 
+def _listed(shapes: dict) -> str:
+  return ", ".join(f"{name} {shape}" for name, shape in shapes.items())
+
+
+def _and(names) -> str:
+  names = list(names)
+  return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def _known_values(x):
+  """``x``'s values where they are known, as NumPy: concrete values, and the primal values of
+  an eager ``jax.grad`` (``stop_gradient`` of its tracer is concrete); the tracer otherwise."""
+  if isinstance(x, jax.core.Tracer):
+    x = jax.lax.stop_gradient(x)
+    if isinstance(x, jax.core.Tracer):
+      return x
+  return np.asarray(x)
+
+
+def domain_mask(domain: str, x):
+  """Elementwise, ``x`` lies in ``DOMAINS[domain]``: :func:`in_domain` on the host where the
+  values are known (no JAX operation, so an eager call compiles nothing more), traced under
+  ``jax.jit``."""
+  v = _known_values(x)
+  if isinstance(v, jax.core.Tracer):
+    return in_domain(domain, v)
+  with np.errstate(invalid="ignore"):
+    return np.asarray(inside(DOMAINS[domain], v), bool)
+
+
+def _all(mask):
+  return jnp.all(mask) if isinstance(mask, jax.core.Tracer) else np.all(mask)
+
+
+def _both(a, b):
+  either_traced = isinstance(a, jax.core.Tracer) or isinstance(b, jax.core.Tracer)
+  return (jnp if either_traced else np).logical_and(a, b)
+
+
+def all_in_domains(**arguments):
+  """Every entry of every argument lies in the domain of its keyword's name (the jit-side
+  counterpart of :func:`check_all`), for a result that depends on all of them, such as the ε
+  of a schedule: a NumPy bool where every value is known, a traced bool otherwise."""
+  valid = np.True_
+  for name, x in arguments.items():
+    valid = _both(valid, _all(domain_mask(name, x)))
+  return valid
+
+
+def combine_masks(*masks):
+  """The elementwise conjunction of masks from :func:`domain_mask` and :func:`all_in_domains`
+  (NumPy where every one is, traced otherwise)."""
+  valid = np.True_
+  for mask in masks:
+    valid = _both(valid, mask)
+  return valid
+
+
+def nan_where_invalid(valid, result):
+  """``result`` (an array or a pytree of floating arrays) with NaN where ``valid`` is false:
+  how a public function keeps the contract "outside the domain under ``jax.jit``, NaN, never
+  a plausible number". Where ``valid`` is known to hold everywhere (every eager call: its
+  checks have raised otherwise) ``result`` is returned as it is, without a JAX operation.
+  The NaN branch is a constant, so derivatives at valid arguments are those of ``result``."""
+  if not isinstance(valid, jax.core.Tracer) and np.all(valid):
+    return result
+  return jax.tree_util.tree_map(lambda r: jnp.where(valid, r, jnp.nan), result)
+
+
 def check_broadcast(**arrays) -> tuple:
   """The broadcast shape of the named arguments; ValueError naming them when they do not
   broadcast (shapes are known at trace time, so this also runs under jit)."""
@@ -72,9 +144,36 @@ def check_broadcast(**arrays) -> tuple:
   try:
     return np.broadcast_shapes(*shapes.values())
   except ValueError:
-    listed = ", ".join(f"{name} {shape}" for name, shape in shapes.items())
     raise ValueError(f"{', '.join(shapes)} must broadcast against each other; got shapes "
-                     f"{listed}.") from None
+                     f"{_listed(shapes)}.") from None
+
+
+def check_scalar(**arguments) -> None:
+  """ValueError naming every argument that is not a scalar, with its shape (shapes are known
+  at trace time, so this also runs under jit). Call after the range checks (which reject
+  None and non-real values)."""
+  shaped = {name: np.shape(x) for name, x in arguments.items() if np.ndim(x) != 0}
+  if len(shaped) == 1:
+    (name, shape), = shaped.items()
+    raise ValueError(f"{name} must be a scalar, got shape {shape}.")
+  if shaped:
+    raise ValueError(f"{_and(shaped)} must be scalars; got shapes {_listed(shaped)}.")
+
+
+def check_schedule(**phases) -> tuple:
+  """The broadcast shape of a phased schedule's arguments (each a scalar, or a 1-D array with
+  one entry per phase); ValueError naming the arguments and their shapes otherwise (also
+  under jit: shapes are known at trace time)."""
+  shapes = {name: np.shape(x) for name, x in phases.items()}
+  for name, shape in shapes.items():
+    if len(shape) > 1:
+      raise ValueError(f"{name} must be a scalar or a 1-D schedule (one entry per phase), got "
+                       f"shape {shape}.")
+  try:
+    return np.broadcast_shapes(*shapes.values())
+  except ValueError:
+    raise ValueError(f"{_and(shapes)} must broadcast to one schedule (scalars, or 1-D "
+                     f"arrays of one length); got shapes {_listed(shapes)}.") from None
 
 
 def check_int(name: str, x, *, lo: int, hi: int | None = None) -> int:

@@ -195,21 +195,14 @@ a traced function call :func:`rdp_of_steps`, which transformations trace once)."
 
 def schedule_phases(sampling_rate, noise_multiplier, steps):
   """(q, σ, T) as three 1-D phase arrays of one dtype (a scalar schedule has one phase): host
-  arrays for concrete values, JAX arrays for traced ones; ValueError for shapes that are not
-  one schedule."""
+  arrays for concrete values, JAX arrays for traced ones; ValueError naming the arguments and
+  their shapes for shapes that are not one schedule."""
+  shape = validation.check_schedule(sampling_rate=sampling_rate,
+                                    noise_multiplier=noise_multiplier, steps=steps) or (1,)
   q = validation.as_float_array(sampling_rate)
   sigma = validation.as_float_array(noise_multiplier)
   t = validation.as_float_array(steps)
   dtype = jnp.result_type(q, sigma, t)
-  for name, v in (("sampling_rate", q), ("noise_multiplier", sigma), ("steps", t)):
-    if v.ndim > 1:
-      raise ValueError(f"{name} must be a scalar or a 1-D schedule, got shape {v.shape}.")
-  try:
-    shape = jnp.broadcast_shapes(q.shape, sigma.shape, t.shape)
-  except ValueError:
-    raise ValueError("sampling_rate, noise_multiplier and steps must broadcast to one schedule; "
-                     f"got shapes {q.shape}, {sigma.shape}, {t.shape}.") from None
-  shape = shape or (1,)
   if validation.is_concrete((q, sigma, t)):  # on the host: eager JAX ops would compile
     return tuple(np.broadcast_to(np.asarray(v, dtype), shape) for v in (q, sigma, t))
   return tuple(jnp.broadcast_to(v.astype(dtype), shape) for v in (q, sigma, t))

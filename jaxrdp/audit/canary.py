@@ -216,6 +216,11 @@ def clopper_pearson_upper(successes: int, trials: int, alpha: float) -> float:
   if k > n:
     raise ValueError(f"successes must be <= trials, got {k} > {n}.")
   alpha = _check_probability("alpha", alpha, "significance")
+  return _upper_limit(k, n, alpha)
+
+
+def _upper_limit(k: int, n: int, alpha: float) -> float:
+  """:func:`clopper_pearson_upper` after its checks (0 <= k <= n, n >= 1, α in (0, 1))."""
   if k == n:
     return 1.0
   target = math.log(alpha) - _LOG_CDF_SLACK
@@ -253,8 +258,10 @@ def epsilon_lower_bound(false_positives: int, false_negatives: int,
   ≥ ``confidence`` (union bound over the two limits).
 
   Args:
-    false_positives: trials of the "absent" world the test called "present".
-    false_negatives: trials of the "present" world the test called "absent".
+    false_positives: trials of the "absent" world the test called "present" (an int, at
+      most that world's trials).
+    false_negatives: trials of the "present" world the test called "absent" (an int, at
+      most that world's trials).
     trials: trials per world (an int), or ``(absent_trials, present_trials)``.
     delta: δ in (0, 1).
     confidence: in (0, 1).
@@ -265,7 +272,7 @@ def epsilon_lower_bound(false_positives: int, false_negatives: int,
   Raises:
     ValueError: an argument outside its range (the message names it, the range and the
       value).
-    TypeError: an argument that is not real-valued.
+    TypeError: an argument that is not real-valued, or a count that is not an int.
 
   References:
     Kairouz, Oh, Viswanath, ICML 2015, Thm. 2.1 (hypothesis-testing view of DP); Nasr et al.,
@@ -279,11 +286,17 @@ def epsilon_lower_bound(false_positives: int, false_negatives: int,
     n_absent = n_present = trials
   n_absent = _check_count("trials", n_absent, lo=1)
   n_present = _check_count("trials", n_present, lo=1)
+  errors = {}
+  for name, count, world, n in (("false_positives", false_positives, "absent", n_absent),
+                                ("false_negatives", false_negatives, "present", n_present)):
+    errors[name] = _check_count(name, count)
+    if errors[name] > n:
+      raise ValueError(f"{name} must be <= the {world} world's trials ({n}), got {count}.")
   delta = _check_probability("delta", delta, "delta")
   confidence = _check_probability("confidence", confidence, "confidence")
   alpha = (1.0 - confidence) / 2
-  fpr = clopper_pearson_upper(false_positives, n_absent, alpha)
-  fnr = clopper_pearson_upper(false_negatives, n_present, alpha)
+  fpr = _upper_limit(errors["false_positives"], n_absent, alpha)
+  fnr = _upper_limit(errors["false_negatives"], n_present, alpha)
   return _epsilon_from_rates(fpr, fnr, delta)
 
 
@@ -625,8 +638,8 @@ def audit_from_statistics(absent_statistics: np.ndarray, present_statistics: np.
   fn = int(np.sum(~(orientation * score_p[evaluate] > threshold)))
   n_eval = num_trials - half
   alpha = (1.0 - confidence) / 2
-  fpr_u = clopper_pearson_upper(fp, n_eval, alpha)
-  fnr_u = clopper_pearson_upper(fn, n_eval, alpha)
+  fpr_u = _upper_limit(fp, n_eval, alpha)
+  fnr_u = _upper_limit(fn, n_eval, alpha)
   return AuditResult(
       epsilon_lower_bound=_epsilon_from_rates(fpr_u, fnr_u, delta), delta=delta,
       confidence=confidence, false_positives=fp, false_negatives=fn, evaluation_trials=n_eval,

@@ -26,7 +26,11 @@ heatmap; grid values are comma lists or ranges ``START:STOP:NUM[:log]`` (see ``j
 
 ``calibrate`` prints the smallest noise multiplier whose grid ε is at most the target
 (:func:`jaxrdp.calibrate_noise_multiplier`). ``--json`` prints one JSON object; a non-finite
-value (e.g. ε = inf) is written as ``null``. ``plot`` needs matplotlib (``pip install matplotlib``).
+value (e.g. ε = inf) is written as ``null``. ``dpsgd`` also reports the PLD's ε; where the PLD
+cannot be sized for the schedule (too many grid points at its interval) and the accountant is
+RDP, it reports the RDP result and says the PLD is unavailable (JSON: ``epsilon_pld`` null,
+``epsilon_pld_unavailable`` the reason, null otherwise); with ``--accountant pld`` that is an
+error. ``plot`` needs matplotlib (``pip install matplotlib``).
 
 All computation runs in float64 inside ``with jax.enable_x64(True):``; the global flag is never
 changed. Bad input exits with status 2 and a one-line message naming the flag.
@@ -171,6 +175,19 @@ def _pld_epsilon(q, sigma, steps, delta) -> float:
     return float(jaxrdp.dpsgd_epsilon(q, sigma, steps, delta, accountant="pld"))
 
 
+def _optional_pld_epsilon(q, sigma, steps, delta, *, required):
+  """(ε by the PLD, None), or (None, why) where the PLD's grid cannot be sized for this
+  schedule (a ValueError of the PLD accountant: too many grid points at the default interval)
+  and it is only reported beside the RDP statement. ``required`` (the headline is the PLD's):
+  the error propagates (exit 2)."""
+  try:
+    return _pld_epsilon(q, sigma, steps, delta), None
+  except ValueError as err:
+    if required:
+      raise
+    return None, _library_error(err)
+
+
 def _cmd_epsilon(args, out) -> None:
   if args.accountant == "pld":
     if args.orders is not None:
@@ -223,13 +240,15 @@ def _cmd_dpsgd(args, out) -> None:
   steps = math.ceil(fractions.Fraction(repr(args.epochs)) * n / b)
   eps, order, refined, classic, classic_order = _epsilons(q, args.noise_multiplier, steps,
                                                           args.delta)
-  tight = _pld_epsilon(q, args.noise_multiplier, steps, args.delta)
+  tight, unavailable = _optional_pld_epsilon(q, args.noise_multiplier, steps, args.delta,
+                                             required=args.accountant == "pld")
   if args.json:
     print(json.dumps({"sampling_rate": q, "steps": steps, "epsilon": _json_number(eps),
                       "order": _json_number(order), "epsilon_refined": _json_number(refined),
                       "epsilon_classic": _json_number(classic),
                       "order_classic": _json_number(classic_order),
-                      "epsilon_pld": _json_number(tight), "accountant": args.accountant}),
+                      "epsilon_pld": None if tight is None else _json_number(tight),
+                      "epsilon_pld_unavailable": unavailable, "accountant": args.accountant}),
           file=out)
     return
   grid = len(jaxrdp.DEFAULT_ORDERS)
@@ -257,7 +276,9 @@ def _cmd_dpsgd(args, out) -> None:
       "looser, for comparison with published numbers).",
       "Result (privacy-loss distribution, tight accounting):",
       f"  - epsilon = {tight:.6g} (pessimistic discretisation at interval 1e-4, both adjacency "
-      "directions; dpsgd_epsilon(..., accountant='pld')).",
+      "directions; dpsgd_epsilon(..., accountant='pld'))." if tight is not None else
+      f"  - unavailable for this configuration (the Renyi DP result above stands): "
+      f"{unavailable}",
   ]
   print("\n".join(lines), file=out)
 

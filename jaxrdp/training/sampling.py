@@ -320,23 +320,25 @@ def poisson_truncation_delta(dataset_size: int, sampling_rate: float, max_batch_
     dataset_size: N.
     sampling_rate: q.
     max_batch_size: M.
-    steps: T, the number of batches drawn.
-    epsilon: the ε the guarantee is stated at (≥ 0, may be inf).
+    steps: T, the number of batches drawn (a scalar ≥ 0).
+    epsilon: the ε the guarantee is stated at (a scalar ≥ 0, may be inf).
 
   Returns:
     The extra δ, at most 1.
 
   Raises:
     ValueError: an argument outside its range (the message names it, the range and the
-      value).
+      value), or one that is not a scalar (named, with its shape).
     TypeError: an argument that is not real-valued.
   """
   n = _check_static_int("dataset_size", dataset_size, 0)
   validation.check("steps", steps)
   validation.check("epsilon", epsilon)
+  validation.check_scalar(steps=steps, epsilon=epsilon)
+  steps, epsilon = float(steps), float(epsilon)
   p = poisson_overflow_probability(n + 1, sampling_rate, max_batch_size)
   if p == 0.0 or steps == 0:
     return 0.0
   if not math.isfinite(epsilon) or epsilon > 700:
     return 1.0
-  return float(min(1.0, (1 + math.exp(epsilon)) * float(steps) * p * (1 + 1e-12)))
+  return float(min(1.0, (1 + math.exp(epsilon)) * steps * p * (1 + 1e-12)))

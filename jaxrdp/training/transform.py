@@ -33,9 +33,12 @@ Accountant design (nearly free per step, no float32 drift): the state's ``accoun
 * The accountant's dtype is float32, or float64 when x64 is enabled (the canonical float);
   ``accountant_dtype`` overrides it. The conversion to ε rounds RDP up by the kernel's
   error bound, which also covers the accumulation's few ulps.
-* Under ``jit``, invalid hyperparameter values (from schedules or traced arguments) give NaN
-  updates; an RDP that cannot be computed is NaN and that order is skipped by the conversion
-  (ε = +inf if none is left): never a smaller ε.
+* Under ``jit``, invalid hyperparameter values (from schedules or traced arguments: a value
+  outside its range, or NaN) give NaN updates. An invalid sampling rate (outside (0, 1],
+  q = 0 included) or noise multiplier also makes the step's RDP NaN at every order, so the
+  accumulated RDP (:func:`rdp_spent`) stays NaN from then on; the conversion skips NaN
+  orders, so :func:`privacy_spent` reports ε = +inf: never a smaller ε. An RDP that cannot
+  be computed at some order is NaN there and that order is skipped likewise.
 
 The PRNG key is stored as raw key data (uint32) so that the state is a pytree of plain
 arrays (checkpointable with NumPy); it is split every step and never reused. The state's
@@ -308,6 +311,12 @@ def differentially_private_aggregate(
   rate ``sampling_rate`` (:func:`jaxrdp.poisson_sample`); otherwise the accounted ε does not
   describe the training run.
 
+  Schedules are checked where they are evaluated: eagerly, a value outside its range raises
+  ``ValueError``; under ``jit`` that step's updates are NaN, and for a sampling rate or noise
+  multiplier outside its range its RDP is NaN at every order (so :func:`privacy_spent` gives
+  ε = +inf from then on). A sampling rate of 0 is such a value: it draws no batch, and is
+  not accounted as a step that spends nothing.
+
   Args:
     l2_norm_clip: C ≥ 0, the per-example clipping norm, or a schedule ``count -> C``.
     noise_multiplier: σ ≥ 0 (noise std σC), or a schedule. σ = 0 is a non-private run (ε = ∞).
@@ -417,10 +426,14 @@ def differentially_private_aggregate(
     next_key, noise_key = jax.random.split(base)
     noised = _noised_means(leaves, noise_key, sigma, clip, divisor)
     # Under jit the eager checks do not run: invalid values give NaN updates.
+    q_ok = validation.in_domain("positive_sampling_rate", jnp.asarray(q))
     ok = (validation.in_domain("l2_norm_clip", jnp.asarray(clip))
           & validation.in_domain("noise_multiplier", jnp.asarray(sigma))
-          & validation.in_domain("expected_batch_size", jnp.asarray(divisor)) & clip_ok)
+          & validation.in_domain("expected_batch_size", jnp.asarray(divisor)) & q_ok & clip_ok)
     noised = [jnp.where(ok, y, jnp.nan).astype(out) for y, out in zip(noised, out_dtypes)]
+    # A rate outside (0, 1] is accounted as NaN, as an invalid σ is (the kernel's NaN): q = 0
+    # lies in the kernel's [0, 1] and would add an RDP of 0, a step that spends nothing.
+    q = jnp.where(q_ok, q, jnp.nan)
     # One Poisson-sampled Gaussian step at θ = (q, σ). A state whose orders differ from this
     # transform's (a foreign checkpoint) gets NaN RDP there (order skipped), never a wrong number.
     accountant = rdp_accountant.step(state.accountant, (q, sigma),
