@@ -32,6 +32,7 @@ import optax
 import pytest
 
 import jaxrdp
+from jaxrdp._internal.domains import DOMAINS
 from jaxrdp.cli import main as cli
 
 NAN, INF = float("nan"), float("inf")
@@ -477,64 +478,302 @@ def test_clipped_grad_sum_is_checked_where_it_is_consumed():
 
 # --- under jax.jit: NaN, never a plausible number -----------------------------------------------
 
-# (function, valid arguments, {argument: invalid values}). Each function is compiled once: the
-# arguments are arrays whose first rows hold one invalid value each and whose last row is valid.
-JIT_TABLE = [
-    (jaxrdp.log_a, dict(q=0.1, sigma=1.0, alpha=2.0),
-     dict(q=[-0.1, 1.5, NAN], sigma=[-1.0, NAN], alpha=[0.5, NAN])),
-    (jaxrdp.rdp_sampled_gaussian, dict(q=0.1, noise_multiplier=1.0, orders=2.0),
-     dict(q=[-0.1, 1.5, NAN], noise_multiplier=[-1.0, NAN], orders=[0.5, NAN])),
-    (jaxrdp.rdp_sampled_gaussian_closed_form, dict(sampling_rate=0.1, noise_multiplier=5.0, orders=2.0),
-     dict(sampling_rate=[-0.1, 1.5, NAN], noise_multiplier=[-1.0, NAN], orders=[0.5, NAN])),
-    (jaxrdp.rdp_gaussian, dict(noise_multiplier=1.0, orders=2.0),
-     dict(noise_multiplier=[-1.0, NAN], orders=[0.5, NAN])),
-    (jaxrdp.rdp_laplace, dict(scale=1.0, orders=2.0), dict(scale=[-1.0, NAN], orders=[0.5, NAN])),
-    (jaxrdp.rdp_randomized_response, dict(p=0.75, orders=2.0),
-     dict(p=[0.3, 1.5, NAN], orders=[0.5, NAN])),
-    (jaxrdp.rdp_zcdp, dict(rho=0.1, orders=2.0, xi=0.0),
-     dict(rho=[-1.0, NAN], orders=[0.5, NAN], xi=[-1.0, NAN])),
-    (jaxrdp.rdp_tcdp, dict(rho=0.1, omega=10.0, orders=2.0),
-     dict(rho=[-1.0, NAN], omega=[0.5, NAN], orders=[0.5, NAN])),
-    (jaxrdp.zcdp_to_epsilon, dict(rho=0.1, delta=1e-5), dict(rho=[-1.0, NAN], delta=[0.0, 1.5, NAN])),
-    (jaxrdp.zcdp_to_delta, dict(rho=0.1, epsilon=1.0), dict(rho=[-1.0, NAN], epsilon=[-1.0, NAN])),
-    (jaxrdp.pure_dp_to_zcdp, dict(epsilon=1.0), dict(epsilon=[-1.0, NAN])),
-    (jaxrdp.rdp_relative_gaussian, dict(eta=0.1, gamma=1.0, dim=10.0, orders=2.0),
-     dict(eta=[0.0, -1.0, NAN, INF], gamma=[0.0, NAN, INF], dim=[0.0, 2.5, NAN], orders=[0.5, NAN])),
-    (jaxrdp.rdp_relative_gaussian_descent, dict(eta=0.1, gamma=1.0, dim=10.0, steps=5.0, orders=2.0),
-     dict(eta=[-1.0, NAN], steps=[-1.0, NAN])),
-    (lambda epsilon: jaxrdp.compute_delta(jnp.array([2.0, 8.0]), jnp.array([0.1, 0.5]), epsilon)[0],
-     dict(epsilon=1.0), dict(epsilon=[-1.0, NAN])),
-    (lambda delta: jaxrdp.compute_epsilon(jnp.array([2.0, 8.0]), jnp.array([0.1, 0.5]), delta)[0],
-     dict(delta=1e-5), dict(delta=[0.0, 1.0, -1.0, NAN])),
-]
+
+def outside(domain, *extra):
+  """The values outside ``DOMAINS[domain]`` tried under jit: below the range (and its open lower
+  end), above it (and its open upper end), NaN and ±inf where not allowed, then ``extra``."""
+  d = DOMAINS[domain]
+  out = []
+  if d.lo is not None:
+    out += ([d.lo] if d.lo_open else []) + [d.lo - 1.0]
+  if d.hi is not None:
+    out.append(d.hi if d.hi_open else d.hi + 0.5)
+  if not d.allow_nan:
+    out.append(NAN)
+  if not d.allow_inf or d.hi is not None:
+    out.append(INF)
+  if not d.allow_inf or d.lo is not None:
+    out.append(-INF)
+  return out + list(extra)
+
+
+def _grid(order):
+  """A traced order grid holding ``order``: 7 orders, the fewest the traced search takes (its
+  batches are 8 wide, counting the virtual order 1)."""
+  return jnp.stack([order, 3.0, 4.0, 5.0, 6.0, 8.0, 16.0])
+
+
+_PLD_GRID = jaxrdp.pld_grid(0.01, 1.0, 100)   # static sizes for the valid schedule
+_SCHEDULE = dict(sampling_rate=0.01, noise_multiplier=1.0, steps=100.0)
+_SCHEDULE_OUTSIDE = dict(sampling_rate=outside("sampling_rate"),
+                         noise_multiplier=outside("noise_multiplier"), steps=outside("steps"))
+_PLD_OUTSIDE = dict(_SCHEDULE_OUTSIDE, steps=outside("steps", 2.5))   # PLD steps are whole
+
+
+def _curve(fn):
+  """``fn`` on a two-order curve whose first order and RDP value are the row's."""
+  return lambda orders, rdp, **kw: fn(jnp.stack([orders, 8.0]), jnp.stack([rdp, 0.5]), **kw)
+
+
+def _phased(fn):
+  """``fn`` of a two-phase schedule whose second phase's sampling rate is the row's."""
+  def phased(sampling_rate, orders, **kw):
+    return fn(jnp.stack([0.01, sampling_rate]), orders=_grid(orders), **kw)
+  return phased
+
+
+# name -> (function of the row's arguments, valid arguments, {argument: invalid values}).
+# Every numeric public function (a bracketed suffix marks a second configuration of one), every
+# argument with a value domain, every value ``outside`` its domain: under jax.jit each gives
+# NaN in every floating output, and the valid arguments give finite numbers.
+JIT_TABLE = {
+    "log_a": (jaxrdp.log_a, dict(q=0.1, sigma=1.0, alpha=2.0),
+              dict(q=outside("sampling_rate"), sigma=outside("noise_multiplier"),
+                   alpha=outside("orders"))),
+    "rdp_sampled_gaussian": (
+        jaxrdp.rdp_sampled_gaussian, dict(q=0.1, noise_multiplier=1.0, orders=2.0),
+        dict(q=outside("sampling_rate"), noise_multiplier=outside("noise_multiplier"),
+             orders=outside("orders"))),
+    "rdp_sampled_gaussian_closed_form": (
+        jaxrdp.rdp_sampled_gaussian_closed_form,
+        dict(sampling_rate=0.1, noise_multiplier=5.0, orders=2.0),
+        dict(sampling_rate=outside("sampling_rate"), noise_multiplier=outside("noise_multiplier"),
+             orders=outside("orders"))),
+    "rdp_sampled_gaussian_without_replacement": (
+        lambda **kw: jaxrdp.rdp_sampled_gaussian_without_replacement(**kw, max_order=8),
+        dict(sampling_rate=0.1, noise_multiplier=1.0, orders=2.0),
+        dict(sampling_rate=outside("sampling_rate"), noise_multiplier=outside("noise_multiplier"),
+             orders=outside("orders"))),
+    "rdp_gaussian": (jaxrdp.rdp_gaussian, dict(noise_multiplier=1.0, orders=2.0),
+                     dict(noise_multiplier=outside("noise_multiplier"), orders=outside("orders"))),
+    "rdp_laplace": (jaxrdp.rdp_laplace, dict(scale=1.0, orders=2.0),
+                    dict(scale=outside("scale"), orders=outside("orders"))),
+    "rdp_randomized_response": (jaxrdp.rdp_randomized_response, dict(p=0.75, orders=2.0),
+                                dict(p=outside("p"), orders=outside("orders"))),
+    "rdp_zcdp": (jaxrdp.rdp_zcdp, dict(rho=0.1, orders=2.0, xi=0.0),
+                 dict(rho=outside("rho"), orders=outside("orders"), xi=outside("xi"))),
+    "rdp_tcdp": (jaxrdp.rdp_tcdp, dict(rho=0.1, omega=10.0, orders=2.0),
+                 dict(rho=outside("rho"), omega=outside("omega"), orders=outside("orders"))),
+    "zcdp_to_epsilon": (jaxrdp.zcdp_to_epsilon, dict(rho=0.1, delta=1e-5),
+                        dict(rho=outside("rho"), delta=outside("delta"))),
+    "zcdp_to_delta": (jaxrdp.zcdp_to_delta, dict(rho=0.1, epsilon=1.0),
+                      dict(rho=outside("rho"), epsilon=outside("epsilon"))),
+    "pure_dp_to_zcdp": (jaxrdp.pure_dp_to_zcdp, dict(epsilon=1.0),
+                        dict(epsilon=outside("epsilon"))),
+    "rdp_relative_gaussian": (
+        jaxrdp.rdp_relative_gaussian, dict(eta=0.1, gamma=1.0, dim=10.0, orders=2.0),
+        dict(eta=outside("eta"), gamma=outside("gamma"), dim=outside("dim", 2.5),
+             orders=outside("orders"))),
+    "rdp_relative_gaussian_descent": (
+        jaxrdp.rdp_relative_gaussian_descent,
+        dict(eta=0.1, gamma=1.0, dim=10.0, steps=5.0, orders=2.0),
+        dict(eta=outside("eta"), gamma=outside("gamma"), dim=outside("dim", 2.5),
+             steps=outside("steps"), orders=outside("orders"))),
+    "compute_rdp": (
+        jaxrdp.compute_rdp, dict(q=0.01, noise_multiplier=1.0, steps=100.0, orders=2.0),
+        dict(q=outside("sampling_rate"), noise_multiplier=outside("noise_multiplier"),
+             steps=outside("steps"), orders=outside("orders"))),
+    "compute_epsilon": (_curve(jaxrdp.compute_epsilon), dict(orders=2.0, rdp=0.1, delta=1e-5),
+                        dict(orders=outside("curve_orders"), rdp=outside("rdp"),
+                             delta=outside("delta"))),
+    "compute_delta": (_curve(jaxrdp.compute_delta), dict(orders=2.0, rdp=0.1, epsilon=1.0),
+                      dict(orders=outside("curve_orders"), rdp=outside("rdp"),
+                           epsilon=outside("epsilon"))),
+    "dpsgd_epsilon": (_phased(jaxrdp.dpsgd_epsilon), dict(_SCHEDULE, delta=1e-5, orders=2.0),
+                      dict(_SCHEDULE_OUTSIDE, delta=outside("delta"), orders=outside("orders"))),
+    "dpsgd_epsilon[pld]": (
+        lambda **kw: jaxrdp.dpsgd_epsilon(**kw, accountant="pld", pld_grid=_PLD_GRID),
+        dict(_SCHEDULE, delta=1e-5), dict(_PLD_OUTSIDE, delta=outside("delta"))),
+    "pld_epsilon": (lambda **kw: jaxrdp.pld_epsilon(**kw, pld_grid=_PLD_GRID),
+                    dict(_SCHEDULE, delta=1e-5), dict(_PLD_OUTSIDE, delta=outside("delta"))),
+    "pld_delta": (lambda **kw: jaxrdp.pld_delta(**kw, pld_grid=_PLD_GRID),
+                  dict(_SCHEDULE, epsilon=1.0), dict(_PLD_OUTSIDE, epsilon=outside("epsilon"))),
+    "calibrate_noise_multiplier": (
+        lambda orders, **kw: jaxrdp.calibrate_noise_multiplier(**kw, orders=_grid(orders)),
+        dict(target_epsilon=2.0, delta=1e-5, sampling_rate=0.01, steps=100.0, orders=2.0),
+        dict(target_epsilon=outside("target_epsilon"), delta=outside("delta"),
+             sampling_rate=outside("sampling_rate"), steps=outside("steps"),
+             orders=outside("orders"))),
+    "calibrate_sampling_rate": (
+        lambda orders, **kw: jaxrdp.calibrate_sampling_rate(**kw, orders=_grid(orders)),
+        dict(target_epsilon=2.0, delta=1e-5, noise_multiplier=1.0, steps=100.0, orders=2.0),
+        dict(target_epsilon=outside("target_epsilon"), delta=outside("delta"),
+             noise_multiplier=outside("noise_multiplier"), steps=outside("steps"),
+             orders=outside("orders"))),
+    "calibrate_steps": (
+        lambda orders, **kw: jaxrdp.calibrate_steps(**kw, orders=_grid(orders), max_steps=10 ** 6),
+        dict(target_epsilon=2.0, delta=1e-5, sampling_rate=0.01, noise_multiplier=1.0, orders=2.0),
+        dict(target_epsilon=outside("target_epsilon"), delta=outside("delta"),
+             sampling_rate=outside("sampling_rate"), noise_multiplier=outside("noise_multiplier"),
+             orders=outside("orders"))),
+    "epsilon_trajectory": (
+        lambda orders, **kw: jaxrdp.epsilon_trajectory(**kw, orders=_grid(orders)),
+        dict(_SCHEDULE, delta=1e-5, at_steps=50.0, orders=2.0),
+        dict(_SCHEDULE_OUTSIDE, delta=outside("delta"), at_steps=outside("steps"),
+             orders=outside("orders"))),
+    "privacy_spent": (lambda **kw: jaxrdp.privacy_spent(_state(), **kw),
+                      dict(delta=1e-5, orders=2.0),
+                      dict(delta=outside("delta"), orders=outside("orders"))),
+    "clipped_grad_sum": (   # the gradients; the clip norm it returns is the argument itself
+        lambda l2_norm_clip: jaxrdp.clipped_grad_sum(_loss, _params(), jnp.ones((4, 2)),
+                                                     l2_norm_clip).grad_sum,
+        dict(l2_norm_clip=1.0), dict(l2_norm_clip=outside("l2_norm_clip"))),
+}
+
+# Public functions whose arguments set shapes or drive loops on the host: they need concrete
+# values, so under jax.jit they raise TypeError at trace time (never return a number).
+EAGER_ONLY = {
+    "pld_grid": lambda x: jaxrdp.pld_grid(x, 1.0, 100),
+    "sweep": lambda x: jaxrdp.sweep(x, np.array([1.0]), np.array([10.0]), np.array([1e-5])),
+    "sweep_noise_multiplier": lambda x: jaxrdp.sweep_noise_multiplier(
+        x, deltas=np.array([1e-5]), sampling_rates=np.array([0.01]), steps=np.array([10.0])),
+    "optimize_schedule": lambda x: jaxrdp.optimize_schedule(
+        lambda s, q: jnp.sum(s ** 2), sampling_rate=0.01, noise_multiplier=[1.0, 1.0],
+        steps=[50, 50], target_epsilon=x, delta=1e-5, num_iterations=2),
+    "poisson_max_batch_size": lambda x: jaxrdp.poisson_max_batch_size(1000, x),
+    "poisson_overflow_probability": lambda x: jaxrdp.poisson_overflow_probability(1000, x, 50),
+    "poisson_truncation_delta": lambda x: jaxrdp.poisson_truncation_delta(1000, 0.01, 50, 100, x),
+    "clopper_pearson_upper": lambda x: jaxrdp.clopper_pearson_upper(3, 10, x),
+    "epsilon_lower_bound": lambda x: jaxrdp.epsilon_lower_bound(3, 3, 10, x),
+}
+
+# Public names in neither JIT_TABLE nor EAGER_ONLY, and why.
+JIT_EXCLUDED = {
+    **dict.fromkeys(("differentially_private_aggregate", "dpsgd", "relative_gaussian_noise"),
+                    "optax transforms: tested in test_transform.py"),
+    **dict.fromkeys(("AuditResult", "ClippedGradSum", "DifferentiallyPrivateAggregateState",
+                     "PldGrid", "RelativeGaussianNoiseState", "ScheduleResult"),
+                    "a NamedTuple: holds values, computes nothing"),
+    "DEFAULT_ORDERS": "a constant",
+    "rdp_spent": "its one argument is an optimizer state, no value with a domain "
+                 "(privacy_spent reads the same state and is in the table)",
+    "poisson_sample": "returns indices and a mask, no number to make NaN: a traced invalid rate "
+                      "gives an empty batch (its docstring; test_sampling.py)",
+    **dict.fromkeys(("audit_statistics", "audit_transform"),
+                    "run a transform's trials from the host, with concrete trial counts"),
+}
 
 
 def _jit_rows(valid, bad):
-  """Arrays of equal length: row i has the i-th invalid value, the last row is valid."""
+  """Arrays of equal length: row i has the i-th invalid value, the last row is valid; and
+  (argument, value) of each row."""
   rows = [(arg, v) for arg, values in bad.items() for v in values] + [(None, None)]
-  return {arg: jnp.array([v if a == arg else valid[arg] for a, v in rows]) for arg in valid}, len(rows)
+  return {arg: jnp.array([v if a == arg else valid[arg] for a, v in rows]) for arg in valid}, rows
 
 
-@pytest.mark.parametrize("fn,valid,bad", JIT_TABLE, ids=lambda x: getattr(x, "__name__", None))
-def test_under_jit_invalid_values_give_nan(fn, valid, bad):
-  args, n = _jit_rows(valid, bad)
-  out = np.asarray(jax.jit(lambda a: fn(**a))(args))
-  assert out.shape == (n,)
-  assert np.all(np.isnan(out[:-1])), out
-  assert np.isfinite(out[-1])
+def test_jit_table_covers_every_numeric_public_function():
+  public = set(jaxrdp.__all__)
+  tabled = {name.split("[")[0] for name in JIT_TABLE}
+  groups = (tabled, set(EAGER_ONLY), set(JIT_EXCLUDED))
+  assert not public - set().union(*groups), "public names in no list: add a JIT_TABLE row"
+  assert set().union(*groups) <= public
+  assert sum(map(len, groups)) == len(set().union(*groups)), "a name listed twice"
 
 
-def test_under_jit_dpsgd_epsilon_never_returns_a_finite_number_for_invalid_values():
-  # The RDP kernel returns NaN for invalid (q, σ); compute_epsilon skips NaN orders (no
-  # information), so ε is +inf; an invalid δ gives NaN. Never a plausible finite ε.
-  eps = jax.jit(jaxrdp.dpsgd_epsilon)
+# Arguments of JIT_TABLE that still give numbers under jit, in modules with another owner (who
+# has the report): skipped by the test below, which fails once they give NaN (then remove them).
+OPEN = {
+    "clipped_grad_sum": {"l2_norm_clip"},   # training/microbatch.py: clips to the given norm
+    "privacy_spent": {"orders"},            # training/transform.py: such orders skipped, ε = inf
+}
+
+
+@pytest.mark.parametrize("name", sorted(JIT_TABLE))
+def test_under_jit_invalid_values_give_nan(name):
+  fn, valid, bad = JIT_TABLE[name]
+  args, rows = _jit_rows(valid, bad)
+  out = jax.jit(jax.vmap(lambda a: fn(**a)))(args)   # one compilation for every row
+  leaves = [np.asarray(x).reshape(len(rows), -1) for x in jax.tree_util.tree_leaves(out)
+            if jnp.issubdtype(x.dtype, jnp.floating)]
+  assert leaves
+  numbers = [row for i, row in enumerate(rows[:-1])
+             if not all(np.all(np.isnan(x[i])) for x in leaves)]
+  open_args = OPEN.get(name, set())
+  assert not [row for row in numbers if row[0] not in open_args], f"not NaN under jit: {numbers}"
+  assert open_args <= {arg for arg, _ in numbers}, "now NaN: remove from OPEN"
+  assert all(np.all(np.isfinite(x[-1])) for x in leaves), [x[-1] for x in leaves]
+
+
+@pytest.mark.parametrize("name", sorted(EAGER_ONLY))
+def test_eager_only_functions_raise_type_error_under_jit(name):
+  with pytest.raises(TypeError):
+    jax.jit(EAGER_ONLY[name])(0.01)
+
+
+def _trajectory_of_steps(t):   # one function, so that its two rows below share a compilation
+  return jaxrdp.epsilon_trajectory(0.01, 1.1, t, 1e-5, np.array([10.0, 50.0]))
+
+
+# Issue 33, defect 3: calls that gave a plausible number under jit (the comment), each with the
+# default orders (a concrete grid: the path an eager-looking call inside jax.jit takes). A NaN
+# entry of at_steps: test_under_jit_an_invalid_at_steps_entry_gives_nan_in_its_place_only.
+DEFECTS = {
+    "calibrate_noise_multiplier-delta": (   # σ = 1e-4, an unsafe noise multiplier
+        lambda d: jaxrdp.calibrate_noise_multiplier(2.0, d, 0.01, 100.0), 1.5),
+    "calibrate_noise_multiplier-target_epsilon": (   # σ = 7141
+        lambda e: jaxrdp.calibrate_noise_multiplier(e, 1e-5, 0.01, 100.0), -1.0),
+    "calibrate_sampling_rate-delta": (   # q = 1
+        lambda d: jaxrdp.calibrate_sampling_rate(2.0, d, 1.1, 100.0), 1.5),
+    "calibrate_steps-delta": (lambda d: jaxrdp.calibrate_steps(2.0, d, 0.01, 1.0), 1.5),   # 0 steps
+    "epsilon_trajectory-steps": (_trajectory_of_steps, -1.0),   # ε = [0, 0]
+    "epsilon_trajectory-steps-nan": (_trajectory_of_steps, NAN),   # ε = [0, 0]
+    "dpsgd_epsilon-steps-nan": (lambda t: jaxrdp.dpsgd_epsilon(0.01, 1.1, t, 1e-5), NAN),   # +inf
+    "compute_epsilon-rdp": (   # ε = 0
+        lambda r: jaxrdp.compute_epsilon(np.array([2.0, 4.5, 8.0]), r, 1e-5),
+        np.array([-1.0, 0.2, 0.4])),
+    "compute_delta-rdp": (   # δ = 0
+        lambda r: jaxrdp.compute_delta(np.array([2.0, 4.5, 8.0]), r, 1.0),
+        np.array([-1.0, 0.2, 0.4])),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEFECTS))
+def test_under_jit_reported_plausible_numbers_are_nan(name):
+  fn, value = DEFECTS[name]
+  out = [np.asarray(x) for x in jax.tree_util.tree_leaves(jax.jit(fn)(value))]
+  assert all(np.all(np.isnan(x)) for x in out), out
+
+
+def test_under_jit_an_invalid_at_steps_entry_gives_nan_in_its_place_only():
+  # It gave ε = 0 for NaN and -1 (the prefixes were clipped to valid ones).
+  eps = np.asarray(jax.jit(lambda n: jaxrdp.epsilon_trajectory(0.01, 1.1, 100.0, 1e-5, n))(
+      np.array([10.0, NAN, -1.0, 50.0])))
+  assert np.all(np.isnan(eps[1:3])) and np.all(np.isfinite(eps[[0, 3]])), eps
+
+
+def test_under_jit_compute_epsilon_gives_nan_for_the_curve_with_a_negative_rdp_only():
+  # One curve per row: the second has a negative entry. NaN entries stay allowed (skipped).
+  rdp = np.array([[0.1, NAN, 0.5], [0.1, -0.2, 0.5]])
+  for fn, last in ((jaxrdp.compute_epsilon, 1e-5), (jaxrdp.compute_delta, 1.0)):
+    value, order = jax.jit(lambda r: fn(np.array([2.0, 4.0, 8.0]), r, last))(rdp)
+    assert np.isfinite(value[0]) and np.isfinite(order[0]), (fn, value, order)
+    assert np.isnan(value[1]) and np.isnan(order[1]), (fn, value, order)
+
+
+def test_under_jit_the_masks_leave_gradients_at_valid_arguments_finite():
+  # The NaN branch of the masks is a constant: derivatives at valid arguments are ε's own.
+  args = (0.01, 1.0, 100.0, 1e-5)
+  grads = jax.jit(jax.grad(lambda a: jaxrdp.dpsgd_epsilon(*a)))(args)
+  np.testing.assert_allclose(grads, jax.grad(lambda a: jaxrdp.dpsgd_epsilon(*a))(args), rtol=1e-9)
+  assert np.all(np.isfinite(grads))
+  d_rdp = jax.jit(jax.grad(lambda r: jaxrdp.compute_epsilon(np.array([2.0, 8.0]), r, 1e-5)[0]))(
+      np.array([0.1, NAN]))
+  assert np.all(np.isfinite(d_rdp)), d_rdp
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "pld"])
+def test_under_jit_dpsgd_epsilon_gives_nan_for_invalid_values(accountant):
+  # One contract: outside the domain, NaN. (Before 1.0 the RDP accountant gave +inf for an
+  # invalid q, σ or T, whose RDP is NaN and was skipped as no information.)
+  grid = {"pld_grid": _PLD_GRID} if accountant == "pld" else {}
+  eps = jax.jit(lambda **kw: jaxrdp.dpsgd_epsilon(**kw, accountant=accountant, **grid))
   valid = dict(sampling_rate=0.01, noise_multiplier=1.0, steps=100.0, delta=1e-5)
   assert np.isfinite(float(eps(**valid)))
   for arg, values in dict(sampling_rate=[-0.1, 1.5, NAN], noise_multiplier=[-1.0, NAN],
                           steps=[-1.0, NAN], delta=[0.0, 1.5, NAN]).items():
     for v in values:
       out = float(eps(**dict(valid, **{arg: v})))
-      assert not np.isfinite(out), (arg, v, out)
+      assert np.isnan(out), (arg, v, out)
 
 
 def test_shape_errors_still_raise_under_jit():
@@ -621,5 +860,5 @@ def test_cli_table_covers_every_subcommand_and_flag():
 
 def test_counts():
   # Figures for docs/trust.md.
-  print(f"{len(CASES)} eager cases, {sum(len(v) for *_, b in JIT_TABLE for v in b.values())} jit "
-        f"values, {len(CLI_CASES)} CLI cases")
+  jit_values = sum(len(v) for *_, bad in JIT_TABLE.values() for v in bad.values())
+  print(f"{len(CASES)} eager cases, {jit_values} jit values, {len(CLI_CASES)} CLI cases")

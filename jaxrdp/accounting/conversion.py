@@ -91,6 +91,8 @@ def compute_epsilon(orders: jax.typing.ArrayLike, rdp: jax.typing.ArrayLike,
   Returns:
     ``(epsilon, order)``: ε ≥ 0 and the order that attains it, each of shape
     ``broadcast(rdp.shape[:-1], delta.shape)``. ε is +inf when no order gives a finite bound.
+    Under ``jax.jit`` both are NaN where δ, or an order or RDP value of the curve, lies
+    outside its range (NaN entries of the curve are allowed: skipped).
     Differentiable with respect to ``rdp`` (the gradient flows to the optimal order). A pair,
     as dp_accounting's ``compute_epsilon`` and TF Privacy's ``get_privacy_spent`` return: a
     caller that holds an RDP curve chooses its order grid, and the binding order shows whether
@@ -122,9 +124,17 @@ def _epsilon_and_order(orders, rdp, delta, method):
   a first call compiled each of its ~40 operations on its own (1.6 s in a fresh process)."""
   eps = epsilon_at_orders(orders, rdp, delta[..., None], method)
   best, order = _best_over_orders(eps, orders)
-  # Under jit the eager checks do not run: delta outside (0, 1) gives NaN.
-  valid = validation.in_domain("delta", delta)
+  valid = validation.in_domain("delta", delta) & _valid_curve(orders, rdp)
   return jnp.where(valid, best, jnp.nan), jnp.where(valid, order, jnp.nan)
+
+
+def _valid_curve(orders, rdp):
+  """Under jit, where the eager checks do not run: each curve (the last axis) whose orders and
+  values lie in their domains. NaN entries are allowed (skipped as no information), but the
+  conversion would skip a negative order or RDP value just as silently, and a negative RDP
+  value, read as a tighter guarantee, gives a plausible, wrong ε or δ (0 for RDP -1)."""
+  return (jnp.all(validation.in_domain("curve_orders", orders))
+          & jnp.all(validation.in_domain("rdp", rdp), axis=-1))
 
 
 def epsilon_at_orders(orders, rdp, delta, method="improved"):
@@ -162,7 +172,9 @@ def compute_delta(orders: jax.typing.ArrayLike, rdp: jax.typing.ArrayLike,
     method: ``"improved"`` or ``"classic"``, as in :func:`compute_epsilon`.
 
   Returns:
-    ``(delta, order)``: δ in [0, 1] and the order that attains it.
+    ``(delta, order)``: δ in [0, 1] and the order that attains it. Under ``jax.jit`` both are
+    NaN where ε, or an order or RDP value of the curve, lies outside its range (NaN entries of
+    the curve are allowed: skipped).
 
   Raises:
     ValueError: an argument outside its range (the message names it, the range and the
@@ -204,7 +216,8 @@ def _delta_and_order(orders, rdp, eps, method):
   log_delta = jnp.where(jnp.isinf(eps) & r_finite, -inf, log_delta)
   log_delta = jnp.where(r_finite, log_delta, inf)
   best, order = _best_over_orders(log_delta, orders)
-  bad = ~validation.in_domain("epsilon", eps[..., 0])  # under jit: negative or NaN ε gives NaN
+  # Under jit: a negative or NaN ε, or a curve outside its domain, gives NaN.
+  bad = ~(validation.in_domain("epsilon", eps[..., 0]) & _valid_curve(orders, rdp))
   # Rounding allowance of log(delta) itself (absolute, in units of eps times its size).
   best = best + _OUTPUT_ULPS * jnp.finfo(best.dtype).eps * (1 + jnp.abs(jnp.where(jnp.isfinite(best), best, 0.0)))
   return jnp.where(bad, jnp.nan, jnp.minimum(jnp.exp(best), 1.0)), jnp.where(bad, jnp.nan, order)

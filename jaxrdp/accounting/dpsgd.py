@@ -116,33 +116,40 @@ def dpsgd_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typ
     minimised over is an internal of the search (with ``refine_order`` it lies between grid
     orders). The grid order, when wanted: ``compute_epsilon(orders, rdp, delta)`` with ``rdp``
     the sum over phases of ``compute_rdp(sampling_rate, noise_multiplier, steps, orders)``;
-    its ε is this function's with ``refine_order=False`` (up to rounding).
+    its ε is this function's with ``refine_order=False`` (up to rounding). Under ``jax.jit``
+    (where the range checks cannot run) NaN when an argument lies outside its range, with
+    either accountant.
 
   Raises:
-    ValueError: an argument outside its range (named, with the range and the value), or an
-      unknown ``method``.
+    ValueError: an argument outside its range (named, with the range and the value), shapes
+      that are not one schedule or a ``delta`` that is not a scalar (named, with the shapes),
+      or an unknown ``method``.
 
   References:
     Abadi et al. 2016 (DP-SGD); Mironov, Talwar, Zhang 2019 (RDP of the sampled Gaussian);
     Balle et al. 2020, Thm. 21 (conversion); Mironov 2017, Prop. 3 (classic conversion).
   """
   validation.check_choice("method", method, conversion.METHODS)
+  validation.check_all(sampling_rate=sampling_rate, noise_multiplier=noise_multiplier,
+                       steps=steps, delta=delta)
+  validation.check_scalar(delta=delta)   # ε of several δ: jax.vmap
   if use_pld(accountant, orders=orders, refine_order=refine_order, method=method,
               pld_grid=pld_grid):
     return pld.pld_epsilon(sampling_rate, noise_multiplier, steps, delta, pld_grid=pld_grid)
-  validation.check_all(sampling_rate=sampling_rate, noise_multiplier=noise_multiplier,
-                       steps=steps, delta=delta)
   q, sigma, t = schedule_phases(sampling_rate, noise_multiplier, steps)
   grid = order_grid(orders, q.dtype)
+  # Under jit the checks above do not see the values: an argument outside its domain gives
+  # NaN (the RDP of an invalid q or σ is NaN, which the order search would skip as no
+  # information and report +inf or the other phases' ε).
+  valid = validation.all_in_domains(sampling_rate=q, noise_multiplier=sigma, steps=t,
+                                    delta=delta, orders=grid)
   delta = validation.to_device(delta, q.dtype)
   if method == "classic":
     rdp = jnp.sum(composition.rdp_curve(q, sigma, t, grid), axis=0)
     eps = jnp.min(epsilon_at_orders(grid, rdp, delta, method))
-    # Under jit the eager checks do not run: δ outside (0, 1), or an RDP that is NaN (invalid
-    # q or σ), gives NaN, never a number.
-    valid = validation.in_domain("delta", delta) & ~jnp.any(jnp.isnan(rdp))
-    return jnp.where(valid, eps, jnp.nan)
-  return dpsgd_epsilon_unchecked(q, sigma, t, delta, grid, refine_order)
+  else:
+    eps = dpsgd_epsilon_unchecked(q, sigma, t, delta, grid, refine_order)
+  return validation.nan_where_invalid(valid, eps)
 
 
 ACCOUNTANTS = ("rdp", "pld")
@@ -638,26 +645,35 @@ def calibrate_noise_multiplier(target_epsilon: jax.typing.ArrayLike, delta: jax.
       within 1e-7 relative of the smallest such σ.
 
   Returns:
-    σ, a scalar in the inputs' dtype (NaN under jit where no σ ≤ 1e8 reaches the target).
+    σ, a scalar in the inputs' dtype (NaN under jit where no σ ≤ 1e8 reaches the target or
+    an argument lies outside its range).
 
   Raises:
     ValueError: an argument outside its range (the message names it, the range and the
-      value), or a target that no σ ≤ 1e8 reaches.
+      value), shapes that do not fit (named, with the shapes: the target and δ are scalars),
+      or a target that no σ ≤ 1e8 reaches.
   """
   validation.check_all(target_epsilon=target_epsilon, sampling_rate=sampling_rate, steps=steps,
                        delta=delta)
+  validation.check_scalar(target_epsilon=target_epsilon, delta=delta)
+  validation.check_schedule(sampling_rate=sampling_rate, steps=steps)
   if use_pld(accountant, orders=orders):
     safe = calibrate_noise_multiplier(target_epsilon, delta, sampling_rate, steps)
     return _pld_calibration("noise_multiplier", target_epsilon, delta, safe,
                             sampling_rate=sampling_rate, steps=steps)
   q, _, t = schedule_phases(sampling_rate, 1.0, steps)
   grid = order_grid(orders, q.dtype)
+  valid = validation.all_in_domains(target_epsilon=target_epsilon, delta=delta,
+                                    sampling_rate=q, steps=t, orders=grid)
   target, delta = (validation.to_device(v, q.dtype) for v in (target_epsilon, delta))
   result = _calibrated(calibrate_sigma_unchecked, _calibrate_sigma_on_grid, target, delta, q, t, grid)
   if validation.is_concrete(result) and np.isnan(np.asarray(result)):
     raise ValueError(f"target_epsilon={float(target_epsilon)} is not reachable with any noise "
                      "multiplier up to 1e8 for this schedule and delta.")
-  return result
+  # Under jit, NaN for an argument outside its domain: the search would otherwise return an
+  # end of its bracket or a σ for a meaningless target (σ = 1e-4 for δ > 1), a plausible
+  # and unsafe answer.
+  return validation.nan_where_invalid(valid, result)
 
 
 def _calibrated(on_any_grid, on_concrete_grid, *args):
@@ -761,26 +777,34 @@ def calibrate_sampling_rate(target_epsilon: jax.typing.ArrayLike, delta: jax.typ
       relative of the largest such q).
 
   Returns:
-    q, a scalar in the inputs' dtype (NaN under jit where no q > 1e-12 reaches the target).
+    q, a scalar in the inputs' dtype (NaN under jit where no q > 1e-12 reaches the target or
+    an argument lies outside its range).
 
   Raises:
     ValueError: an argument outside its range (the message names it, the range and the
-      value), or a target that no q > 1e-12 reaches.
+      value), shapes that do not fit (named, with the shapes: the target and δ are scalars),
+      or a target that no q > 1e-12 reaches.
   """
   validation.check_all(target_epsilon=target_epsilon, noise_multiplier=noise_multiplier,
                        steps=steps, delta=delta)
+  validation.check_scalar(target_epsilon=target_epsilon, delta=delta)
+  validation.check_schedule(noise_multiplier=noise_multiplier, steps=steps)
   if use_pld(accountant, orders=orders):
     safe = calibrate_sampling_rate(target_epsilon, delta, noise_multiplier, steps)
     return _pld_calibration("sampling_rate", target_epsilon, delta, safe,
                             noise_multiplier=noise_multiplier, steps=steps)
   _, sigma, t = schedule_phases(0.5, noise_multiplier, steps)
   grid = order_grid(orders, sigma.dtype)
+  valid = validation.all_in_domains(target_epsilon=target_epsilon, delta=delta,
+                                    noise_multiplier=sigma, steps=t, orders=grid)
   target, delta = (validation.to_device(v, sigma.dtype) for v in (target_epsilon, delta))
   result = _calibrated(_calibrate_q, _calibrate_q_on_grid, target, delta, sigma, t, grid)
   if validation.is_concrete(result) and np.isnan(np.asarray(result)):
     raise ValueError(f"target_epsilon={float(target_epsilon)} is not reachable with any sampling "
                      "rate >= 1e-12 for this noise multiplier, step count and delta.")
-  return result
+  # Under jit, NaN for an argument outside its domain: the search would otherwise return an
+  # end of its bracket (q = 1 for δ > 1), a plausible answer.
+  return validation.nan_where_invalid(valid, result)
 
 
 def _q_search(target, delta, sigma, grid_epsilon_of):
@@ -832,15 +856,18 @@ def calibrate_steps(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.Arra
       count returned was checked with ``dpsgd_epsilon(..., accountant="pld")``).
 
   Returns:
-    The step count, a scalar in the inputs' dtype (0 under jit where not even one step
-    meets the target).
+    The step count, a scalar in the inputs' dtype (under jit: 0 where not even one step
+    meets the target, NaN where an argument lies outside its range).
 
   Raises:
     ValueError: an argument outside its range (the message names it, the range and the
-      value), or a target that not even one step meets.
+      value), an argument that is not a scalar (named, with its shape), or a target that not
+      even one step meets.
   """
   validation.check_all(target_epsilon=target_epsilon, sampling_rate=sampling_rate,
                        noise_multiplier=noise_multiplier, delta=delta)
+  validation.check_scalar(target_epsilon=target_epsilon, delta=delta,
+                          sampling_rate=sampling_rate, noise_multiplier=noise_multiplier)
   max_steps = validation.check_int("max_steps", max_steps, lo=1)
   if use_pld(accountant, orders=orders):
     try:
@@ -855,9 +882,9 @@ def calibrate_steps(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.Arra
                        "step.")
     return steps
   q, sigma, _ = schedule_phases(sampling_rate, noise_multiplier, 1.0)
-  if q.shape != (1,):
-    raise ValueError("calibrate_steps takes a constant sampling_rate and noise_multiplier.")
   grid = order_grid(orders, q.dtype)
+  valid = validation.all_in_domains(target_epsilon=target_epsilon, delta=delta,
+                                    sampling_rate=q, noise_multiplier=sigma, orders=grid)
   split = _concrete_split(grid) or (None, None)
   if split[0] is not None and validation.is_concrete((q, sigma)):
     # The per-step RDP through the grid's split (the per-order quadrature only if needed).
@@ -868,7 +895,9 @@ def calibrate_steps(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.Arra
                         per_step.reshape(grid.shape), grid, float(max_steps))
   if validation.is_concrete(lo) and float(lo) == 0:
     raise ValueError(f"target_epsilon={float(target_epsilon)} is not reachable even with one step.")
-  return lo
+  # Under jit, NaN for an argument outside its domain (the bisection alone would say 0 steps,
+  # which reads as "not even one step meets the target").
+  return validation.nan_where_invalid(valid, lo)
 
 
 @compilation.jit(static_argnames=("max_steps",))

@@ -107,8 +107,9 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
 
   Raises:
     ValueError: an argument outside its range (the message names it, the range and the
-      value).
-    TypeError: an argument that is not real-valued.
+      value), or shapes that do not fit (named, with the shapes).
+    TypeError: an argument that is not real-valued, or traced (under ``jax.jit``,
+      ``jax.vmap`` or ``jax.grad``: the optimisation runs from the host).
   """
   if not callable(utility):
     raise TypeError(f"utility must be a callable utility(noise_multiplier, sampling_rate), got "
@@ -116,7 +117,14 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
   validation.check_all(target_epsilon=target_epsilon, sampling_rate=sampling_rate, steps=steps,
                        delta=delta)
   validation.check("positive_noise_multiplier", noise_multiplier, name="noise_multiplier")
+  validation.check_scalar(target_epsilon=target_epsilon, delta=delta)
   num_iterations = validation.check_int("num_iterations", num_iterations, lo=0)
+  if not validation.is_concrete((sampling_rate, noise_multiplier, steps, target_epsilon, delta,
+                                 orders)):
+    # Its iterations and its safe re-scaling run from the host (a bisection on concrete ε,
+    # a NumPy history): traced values would only fail deeper, less clearly.
+    raise TypeError("optimize_schedule runs its iterations from the host and cannot be traced; "
+                    "call it outside jax.jit / jax.vmap / jax.grad.")
   q, sigma0, t = schedule_phases(sampling_rate, noise_multiplier, steps)
   if not bool(jnp.any((q > 0) & (t > 0))):
     raise ValueError("the schedule spends no privacy (every phase has sampling_rate = 0 or "
@@ -233,17 +241,28 @@ def epsilon_trajectory(sampling_rate: jax.typing.ArrayLike, noise_multiplier: ja
     orders: the order grid (default :data:`jaxrdp.DEFAULT_ORDERS`).
 
   Returns:
-    ε after each of ``at_steps``, shape ``at_steps.shape``, in the inputs' dtype.
+    ε after each of ``at_steps``, shape ``at_steps.shape``, in the inputs' dtype. Under
+    ``jax.jit`` NaN where an argument lies outside its range (only in its place for an entry
+    of ``at_steps``).
 
   Raises:
-    ValueError: an argument outside its range (the message names it, the range and the value).
+    ValueError: an argument outside its range (the message names it, the range and the value),
+      or shapes that do not fit (named, with the shapes).
   """
   validation.check_all(sampling_rate=sampling_rate, noise_multiplier=noise_multiplier,
                        steps=steps, delta=delta)
   validation.check("steps", at_steps, name="at_steps")
+  validation.check_scalar(delta=delta)
   q, sigma, t = schedule_phases(sampling_rate, noise_multiplier, steps)
   grid = order_grid(orders, q.dtype)
-  at = jnp.atleast_1d(jnp.asarray(at_steps, q.dtype))
+  # Under jit the checks above do not see the values: NaN everywhere for a schedule, δ or
+  # grid outside its domain, and in its own place for an invalid entry of at_steps (the
+  # prefixes would otherwise be clipped to a valid schedule: ε = 0 for T < 0 or NaN).
+  valid = validation.combine_masks(
+      validation.all_in_domains(sampling_rate=q, noise_multiplier=sigma, steps=t, delta=delta,
+                                orders=grid),
+      validation.domain_mask("steps", at_steps))
+  at = jnp.asarray(at_steps, q.dtype).reshape(-1)   # any shape: flat here, reshaped at the end
   starts = jnp.cumsum(t) - t
   prefix = jnp.clip(at[:, None] - starts[None, :], 0.0, t[None, :])
   # The per-step curve (phases, orders), once: for concrete values and grid through the exact
@@ -251,7 +270,7 @@ def epsilon_trajectory(sampling_rate: jax.typing.ArrayLike, noise_multiplier: ja
   # per-order quadrature for it).
   per_step = rdp_curve(q, sigma, 1.0, grid)
   eps = _prefix_epsilon(q, sigma, prefix, jnp.asarray(delta, q.dtype), grid, per_step)
-  return eps.reshape(jnp.shape(at_steps))
+  return validation.nan_where_invalid(valid, eps.reshape(jnp.shape(at_steps)))
 
 
 @compilation.jit
