@@ -28,7 +28,11 @@ How it is computed (one kernel for integer and fractional orders, any float dtyp
   (:func:`_assess`: two grid phases, so that a coarse rule that is exact by accident cannot
   vouch for the fine one), and the
   integrand must have decayed at the window edges. Elements that fail get twice the nodes
-  (only the new midpoints are evaluated, only for those elements), up to 257 per window; a
+  (only the new midpoints are evaluated, only for those elements), up to 4097 per window
+  (more than 257 only below sigma ~ 0.035, where the strip of analyticity, of half-width
+  pi sigma^2, is narrower than their spacing; as many as the finest grid of the shared
+  nodes below, whose derivatives take 129 nodes only and otherwise this kernel: where the
+  shared nodes certify a value, its derivative must be certified too, not left zero); a
   result that still fails is returned as ``+inf`` (a valid, if useless, upper bound), never as
   a smaller number.
 * Derivatives (any of q, sigma, alpha; jvp and vjp) are the same quadrature applied to the
@@ -69,7 +73,8 @@ from jaxrdp._internal import numerics
 from jaxrdp._internal import validation
 
 _BLOCK = 32               # intervals per window at level 0; midpoints per refinement block
-_LEVELS = 4               # levels 0..3: 33, 65, 129, 257 nodes per window
+_LEVELS = 8               # levels 0..7: 33, 65, ..., 4097 nodes per window, as many as the
+                          # shared grid's finest (small sigma; see the module docstring)
 _REFINE_BATCH = 512       # elements refined at a time (compacted)
 _ERROR_TOL_ULPS = 32      # accepted estimated relative error of log A, in units of eps
 _SERIES_TERMS = 16        # Taylor terms of (1+x)^a - 1 - a x around x = 0 ...
@@ -94,10 +99,16 @@ def _pow2(k):
 
 
 def _log_exprel_nonpositive(t):
-  """log((e^t - 1)/t) for t <= 0: the ratio lies in (0, 1], so nothing overflows."""
-  nonzero = t != 0
-  t_safe = _where(nonzero, t, -1.0)
-  return _where(nonzero, jnp.log(jnp.expm1(t_safe) / t_safe), 0.0)
+  """log((e^t - 1)/t) for t <= 0: the ratio lies in (0, 1], so nothing overflows.
+
+  Near t = 0 (alpha -> 1, where t = -(alpha - 1)|ell|) the Taylor polynomial
+  t/2 + t^2/24 (next term t^4/2880: below 1e-15 of the value for |t| <= 1e-4): it has the
+  derivative 1/2 at t = 0, which a constant 0 there would drop (the alpha-derivative of
+  log A at alpha = 1), and the direct form's derivative e^t/(e^t - 1) - 1/t cancels
+  catastrophically as t -> 0."""
+  direct = t < -1e-4
+  t_safe = _where(direct, t, -1.0)
+  return _where(direct, jnp.log(jnp.expm1(t_safe) / t_safe), t * (0.5 + t / 24))
 
 
 def _softplus(x):
@@ -793,9 +804,30 @@ def _generic(q, sigma, alpha):
 
 
 def _terms(q, sigma, alpha, log_j=None, inv_2s2=None):
-  """Special cases around the generic kernel, with double-where for NaN-free gradients.
+  r"""Special cases around the generic kernel, with double-where for NaN-free gradients.
   ``log_j``: log J at the generic stand-ins of :func:`_generic` (default: the quadrature);
-  ``inv_2s2``: 1/(2 sigma^2) where sigma > 0 (1/2 elsewhere), if already computed."""
+  ``inv_2s2``: 1/(2 sigma^2) where sigma > 0 (1/2 elsewhere), if already computed.
+
+  Two special cases are constant in one argument at a single point, where a plain ``where``
+  would also make their derivative in it zero; each is written as its value plus a term that
+  is exactly zero in value and carries the derivative:
+
+  * :math:`\alpha = 1` (:math:`\beta = \alpha - 1 = 0`): :math:`\log A = \log(1 + \beta J)`
+    and :math:`\mathrm{RDP} = \log(1 + \beta J)/\beta`, with :math:`J = (A_\alpha - 1)/\beta`
+    equal to :math:`\mathrm{KL}(\mu\,\|\,\mu_0)` at :math:`\alpha = 1`
+    (:math:`\mu = (1-q)\mu_0 + q\mu_1`), so :math:`\partial_\alpha \log A|_{\alpha=1} = J` and
+    :math:`\partial_\alpha \mathrm{RDP}|_{\alpha=1} = J' - J^2/2` (Taylor expansion of
+    :math:`\log(1+\beta J)` in β; J' from the kernel).
+  * :math:`q = 1`, the edge of the domain, where :math:`\log A = \alpha(\alpha-1)/(2\sigma^2)`
+    does not depend on q: the one-sided derivative, the limit :math:`q \to 1^-` of
+    :math:`\partial_q \log A = \alpha E_{\mu_0}[(1-q+qL)^{\alpha-1}(L-1)]/A`, is
+    :math:`\alpha (E[L^\alpha] - E[L^{\alpha-1}])/E[L^\alpha] = \alpha(1 - e^{-t})`,
+    :math:`t = (\alpha-1)/\sigma^2` (moments :math:`E_{\mu_0}[L^k] = e^{k(k-1)/(2\sigma^2)}`),
+    so :math:`\partial_q \mathrm{RDP} = (\alpha/\sigma^2)(1 - e^{-t})/t` (:math:`1/\sigma^2`,
+    the KL's slope, at :math:`\alpha = 1`); added as :math:`(q - \mathrm{sg}(q))` times it.
+
+  References: Mironov, Talwar, Zhang (2019), arXiv:1908.10530, Sec. 3 (A_α and its moments).
+  """
   generic, q_g, s_g, a_g = _generic(q, sigma, alpha)
   if log_j is None:
     log_j = _log_j(q_g, s_g, a_g)
@@ -803,8 +835,13 @@ def _terms(q, sigma, alpha, log_j=None, inv_2s2=None):
   beta = a_g - 1
   beta_safe = _where(beta > 0, beta, 1.0)
   log_j_safe = _where(failed, 0.0, log_j)
-  log_a_gen = _where(beta > 0, _softplus(jnp.log(beta_safe) + log_j_safe), 0.0)
-  rdp_gen = _where(beta > 0, log_a_gen / beta_safe, jnp.exp(_where(beta > 0, 0.0, log_j_safe)))
+  # At beta = 0, J is the KL divergence: log(1 + beta J) = beta J - (beta J)^2/2 + ..., so the
+  # value beta J (= 0) and beta J - beta J^2/2 (= J) give the alpha-derivatives J and J' - J^2/2.
+  # (kl_fin: an overflowing KL, sigma < ~1e-154, must not make 0 * inf = NaN of the zero terms.)
+  kl = jnp.exp(_where(beta > 0, 0.0, log_j_safe))
+  kl_fin = _where(jnp.isfinite(kl), kl, 0.0)
+  log_a_gen = _where(beta > 0, _softplus(jnp.log(beta_safe) + log_j_safe), beta * kl_fin)
+  rdp_gen = _where(beta > 0, log_a_gen / beta_safe, kl - beta * (0.5 * kl_fin) * kl_fin)
   inf = jnp.full_like(q, jnp.inf)
   log_a_gen = _where(failed, inf, log_a_gen)
   rdp_gen = _where(failed, inf, rdp_gen)
@@ -813,15 +850,26 @@ def _terms(q, sigma, alpha, log_j=None, inv_2s2=None):
     s_pos = _where(sigma > 0, sigma, 1.0)
     inv_2s2 = 1 / (2 * s_pos * s_pos)
   a_fin = _where(jnp.isfinite(alpha), alpha, 2.0)
-  log_a_q1 = a_fin * (a_fin - 1) * inv_2s2
-  rdp_q1 = a_fin * inv_2s2
+  # q = 1: the closed form plus (q - stop_gradient(q)) times the one-sided slopes above, from a
+  # finite 1/(2 sigma^2) (where sigma^2 underflows the value is +inf and 0 * inf would be NaN).
+  inv_fin = _where(jnp.isfinite(inv_2s2), inv_2s2, 0.5)
+  t = 2 * (a_fin - 1) * inv_fin
+  t_nonzero = t != 0
+  t_safe = _where(t_nonzero, t, 1.0)
+  one_minus_e = -jnp.expm1(-t)
+  rate = _where(t_nonzero, -jnp.expm1(-t_safe) / t_safe, 1.0)   # (1 - e^-t)/t, 1 at t = 0
+  dq = q - lax.stop_gradient(q)
+  log_a_q1 = a_fin * (a_fin - 1) * inv_2s2 + dq * (a_fin * one_minus_e)
+  rdp_q1 = a_fin * inv_2s2 + dq * (2 * a_fin * inv_fin * rate)
 
   zero = jnp.zeros_like(q)
   blows_up = (sigma == 0) | ~jnp.isfinite(alpha)
   log_a_out = _where(q == 0, zero, _where(blows_up, inf, _where(q == 1, log_a_q1, log_a_gen)))
   rdp_out = _where(q == 0, zero, _where(blows_up, inf, _where(q == 1, rdp_q1, rdp_gen)))
-  # A_1 = 1 exactly: log A vanishes at alpha = 1 whatever q and sigma.
-  log_a_out = _where(alpha == 1, zero, log_a_out)
+  # A_1 = 1 exactly: log A vanishes at alpha = 1 whatever q and sigma. Every finite branch is
+  # already 0 there (with its alpha-derivative); sigma = 0 and uncertified values are +inf
+  # (and alpha (alpha - 1)/(2 sigma^2) is 0 * inf = NaN where sigma^2 underflows).
+  log_a_out = _where((alpha == 1) & ~jnp.isfinite(log_a_out), zero, log_a_out)
   # Under jit the eager range checks do not run: out-of-range inputs give NaN, never a number.
   valid = (validation.in_domain("sampling_rate", q) & validation.in_domain("orders", alpha)
            & validation.in_domain("noise_multiplier", sigma))
