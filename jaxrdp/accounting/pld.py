@@ -510,26 +510,27 @@ def _light(arguments):
   return 0
 
 
-def _larger(per_direction):
-  """The larger of the (remove, add) values, and its derivative. At q = 1 the two directions
-  are the same Gaussian pair and tie; below 1 the remove direction is the larger near q = 1, so
-  a tie takes the remove direction's derivative: the one-sided derivative in q at q = 1
-  (``jnp.max`` would average the two)."""
-  return per_direction[jnp.argmax(per_direction)]
+def _larger(per_direction, q):
+  """The larger of the (remove, add) values, and its derivative. At q = 1 (every phase) the two
+  directions are the same Gaussian pair, equal but for rounding; the remove direction's is
+  taken. Below 1 the add direction's loss moves with q as e^l (its ε falls steeply), so the
+  remove direction is the larger there and its derivative is the one-sided derivative in q at
+  q = 1 (``jnp.max`` would average the two, an argmax follow the rounding)."""
+  return jnp.where(jnp.all(q == 1), per_direction[0], per_direction[jnp.argmax(per_direction)])
 
 
 @compilation.jit(static_argnames=("grid",), work=_light)
 def pld_epsilon_unchecked(q, sigma, t, delta, grid):
   """ε(δ) of the schedule (phase arrays q, σ, t of float64), the larger of the directions'."""
   first, log_mass, p_inf = _composed(q, sigma, t, grid, delta=delta)
-  return _larger(_epsilon_of(first, log_mass, p_inf, delta, grid.interval))
+  return _larger(_epsilon_of(first, log_mass, p_inf, delta, grid.interval), q)
 
 
 @compilation.jit(static_argnames=("grid",), work=_light)
 def pld_delta_unchecked(q, sigma, t, epsilon, grid):
   """δ(ε) of the schedule, the larger of the directions'."""
   first, log_mass, p_inf = _composed(q, sigma, t, grid, epsilon=epsilon)
-  return jnp.minimum(_larger(_delta_of(first, log_mass, p_inf, epsilon, grid.interval)), 1.0)
+  return jnp.minimum(_larger(_delta_of(first, log_mass, p_inf, epsilon, grid.interval), q), 1.0)
 
 
 # ---------------------------------------------------------------------------------------------
