@@ -655,7 +655,9 @@ def pld_grid(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.A
       schedules (arrays whose last axis is the phases), broadcasting against each other.
     interval: Δ, the spacing of the loss grid, in (0, 1] (dp_accounting's
       ``value_discretization_interval``; default 1e-4, its PLDAccountant's).
-    tail_mass: the composed mass above the window aimed at, in (0, 1) (its bound is added to δ).
+    tail_mass: the composed mass above the window aimed at, in (0, 1) (its bound is added to
+      δ, so keep it well below the δ the grid will be read at: at most δ/1000 for a tight ε;
+      grids sized by ``pld_epsilon`` itself take min(1e-15, δ/1000)).
 
   Returns:
     A :class:`PldGrid` (hashable, static under ``jax.jit``).
@@ -689,9 +691,11 @@ def checked_phases(sampling_rate, noise_multiplier, steps, what):
   return q, sigma, t
 
 
-def grid_of(q, sigma, t, given):
+def grid_of(q, sigma, t, given, delta=None):
   """The grid passed, or one sized from the parameters' values where they are known; a
-  ValueError where one phase's work arrays would exceed :data:`MAX_ELEMENTS`."""
+  ValueError where one phase's work arrays would exceed :data:`MAX_ELEMENTS`. A sized grid
+  for reading ε at a known δ leaves at most δ/1000 above its window (the default tail mass,
+  1e-15, would otherwise add a δ-sized term where δ is that small)."""
   if given is not None:
     return _fits(q.shape[-1], _checked_grid(given))
   values = [_host_values(v) for v in (q, sigma, t)]
@@ -700,7 +704,11 @@ def grid_of(q, sigma, t, given):
         "the PLD accountant's array sizes depend on the parameters' values, which are traced "
         "here (inside jax.jit): pass pld_grid=jaxrdp.pld_grid(sampling_rate, noise_multiplier, "
         "steps) computed outside, for the widest schedule the function will see.")
-  return _fits(q.shape[-1], grid_for(*values))
+  tail_mass = DEFAULT_TAIL_MASS
+  known = None if delta is None else _host_values(delta)
+  if known is not None and np.size(known) and np.all(known > 0):
+    tail_mass = min(tail_mass, 1e-3 * float(np.min(known)))
+  return _fits(q.shape[-1], grid_for(*values, tail_mass=tail_mass))
 
 
 def _checked_grid(grid) -> PldGrid:
@@ -814,7 +822,7 @@ def _evaluate(kernel, sampling_rate, noise_multiplier, steps, name, value, given
   validation.check(name, value)   # "delta" or "epsilon", entries of the domain table
   validation.check_scalar(**{name: value})
   q, sigma, t = checked_phases(sampling_rate, noise_multiplier, steps, "the PLD accountant")
-  grid = grid_of(q, sigma, t, given_grid)
+  grid = grid_of(q, sigma, t, given_grid, value if name == "delta" else None)
   value = validation.to_device(value, np.float64)
   result = kernel(q, sigma, t, value, grid)
   return jnp.where(_valid(q, sigma, t, value, name), result, jnp.nan)
