@@ -50,3 +50,22 @@ def test_no_noise_gives_infinite_epsilon_and_terminates():
   # σ = 0: the RDP is +inf at every order; the search must stop (a regression: it looped).
   assert float(jaxrdp.dpsgd_epsilon(0.001, 0.0, 10, 1e-5, refine_order=False)) == np.inf
   assert float(jaxrdp.dpsgd_epsilon(0.001, 0.0, 10, 1e-5)) == np.inf
+
+
+@pytest.mark.parametrize("size", [2, 6])
+def test_a_traced_grid_smaller_than_a_batch_is_refined_like_a_concrete_one(size):
+  # A regression: a traced grid of fewer than BATCH - 1 orders crashed in lax.top_k (k = 8 picks
+  # among k + 1 positions). Reference: the same grid passed concretely (refined on the host).
+  grid = np.geomspace(2.0, 64.0, size)
+  traced = jax.jit(lambda g: jaxrdp.dpsgd_epsilon(0.01, 1.1, 100.0, 1e-5, orders=g))(grid)
+  concrete = jaxrdp.dpsgd_epsilon(0.01, 1.1, 100.0, 1e-5, orders=grid)
+  assert float(traced) == pytest.approx(float(concrete), rel=1e-12)
+
+
+def test_a_trajectory_over_a_small_grid_equals_each_prefix_epsilon():
+  # A regression: the trajectory refines every prefix with grid_epsilon, which crashed on a
+  # grid of two orders. Reference: dpsgd_epsilon of each prefix on the same grid.
+  grid = [2.0, 8.0]
+  eps = jaxrdp.epsilon_trajectory(0.01, 1.1, 100, 1e-5, np.array([10.0, 50.0]), orders=grid)
+  expected = [float(jaxrdp.dpsgd_epsilon(0.01, 1.1, t, 1e-5, orders=grid)) for t in (10.0, 50.0)]
+  np.testing.assert_allclose(np.asarray(eps), expected, rtol=1e-12)

@@ -492,6 +492,22 @@ def test_a_sum_clipped_above_the_transform_clip_is_refused():
   assert np.all(np.isnan(np.asarray(out["w"])))
 
 
+@pytest.mark.parametrize("microbatch_size", [None, 3])
+def test_clipped_grad_sum_under_jit_gives_nan_for_a_clip_outside_its_domain(microbatch_size):
+  # The eager call raises (test_bad_input.py); under jit a clip of -1 gave sums scaled by -1,
+  # and NaN or ±inf unclipped sums: plausible gradients. Now NaN, the valid clip unchanged.
+  params = _params()
+  batch = (jnp.ones((5, 3)), jnp.zeros((5,)))
+  summed = jax.jit(lambda c: clipped_grad_sum(_linear_loss, params, batch, c,
+                                              microbatch_size=microbatch_size).grad_sum)
+  for clip in (-1.0, np.nan, np.inf, -np.inf):
+    out = summed(clip)
+    assert all(np.all(np.isnan(np.asarray(x))) for x in jax.tree.leaves(out)), clip
+  eager = clipped_grad_sum(_linear_loss, params, batch, 1.0, microbatch_size=microbatch_size)
+  for k, x in summed(1.0).items():
+    np.testing.assert_allclose(np.asarray(x), np.asarray(eager.grad_sum[k]), rtol=1e-12)
+
+
 # --------------------------------------------------------------------------- errors
 
 
@@ -537,6 +553,24 @@ def test_errors_name_the_argument():
     privacy_spent((state, state), DELTA)
   with pytest.raises(ValueError, match="not among the accountant's orders"):
     privacy_spent(state, DELTA, orders=[2.5, 3.14159])
+
+
+def test_privacy_spent_under_jit_gives_nan_for_orders_outside_their_domain():
+  # Eagerly such orders raise. Under jit, orders 0, NaN and -inf matched no order of the
+  # accountant and were skipped, giving ε = +inf; an invalid argument gives NaN. A valid order
+  # that is not among the accountant's is still skipped (the docstring): ε = +inf.
+  params = _params()
+  tx = _agg(orders=[2.0, 8.0])
+  _, state = tx.update(_grads(4), tx.init(params), params)
+  spent = jax.jit(lambda o: privacy_spent(state, DELTA, orders=o))
+  for bad in (0.0, np.nan, -np.inf, 0.5):
+    eps, order = spent(jnp.array([2.0, bad]))
+    assert np.isnan(float(eps)) and np.isnan(float(order)), bad
+  eps, _ = spent(jnp.array([3.0]))
+  assert float(eps) == np.inf
+  eps, order = spent(jnp.array([2.0, 3.0]))
+  eps_ref, order_ref = privacy_spent(state, DELTA, orders=[2.0])
+  assert (float(eps), float(order)) == (float(eps_ref), float(order_ref))
 
 
 def test_invalid_scheduled_values_under_jit_give_nan_updates():

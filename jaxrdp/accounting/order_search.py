@@ -148,7 +148,11 @@ def grid_epsilon(composed_rdp, grid, delta, *, refine_steps=0, initial=None,
     big = jnp.finfo(dtype).max
     key = jnp.where(cand, jnp.clip(jnp.where(jnp.isnan(key) | jnp.isinf(a), -big, key), -big, big),
                     jnp.inf)
-    _, pick = lax.top_k(-key, BATCH)
+    # A grid of fewer than BATCH - 1 orders (only refined, never searched: it is evaluated
+    # whole) has fewer positions than BATCH: the first pick fills the rest, a repeat that
+    # sets the same values again.
+    _, pick = lax.top_k(-key, min(BATCH, k + 1))
+    pick = jnp.concatenate([pick, jnp.full((BATCH - pick.shape[0],), pick[0], pick.dtype)])
     # Refinement: equally spaced orders strictly inside the bracket.
     inside = refinement_orders(lo, hi)
     orders = jnp.where(searching, a[pick], inside)

@@ -153,7 +153,8 @@ def clipped_grad_sum(loss_fn: Callable[..., jax.Array], params, batch, l2_norm_c
 
   Returns:
     :class:`ClippedGradSum` with ``grad_sum`` shaped like ``params`` (dtype at least float32)
-    and the clipping norm used.
+    and the clipping norm used. Under ``jax.jit`` a clipping norm outside [0, inf) (NaN
+    included) gives a ``grad_sum`` of NaN.
 
   Raises:
     ValueError: an argument outside its range (the message names it, the range and the
@@ -176,10 +177,13 @@ def clipped_grad_sum(loss_fn: Callable[..., jax.Array], params, batch, l2_norm_c
   if microbatch_size is not None and (isinstance(microbatch_size, bool) or not isinstance(
       microbatch_size, int) or microbatch_size <= 0):
     raise ValueError(f"microbatch_size must be a positive int or None, got {microbatch_size!r}.")
+  # Under jit the check above does not run: a clip outside [0, inf) gives NaN sums, never
+  # gradients clipped to a negative or unbounded norm (the eager call raised).
+  valid = validation.all_in_domains(l2_norm_clip=clip)
   grad_fn = jax.vmap(jax.grad(loss_fn), in_axes=(None, 0))
   if microbatch_size is None or microbatch_size >= size:
     total = clip_and_sum(grad_fn(params, batch), clip, mask)
-    return ClippedGradSum(total, clip)
+    return ClippedGradSum(validation.nan_where_invalid(valid, total), clip)
   steps = -(-size // microbatch_size)
   pad = steps * microbatch_size - size
 
@@ -199,4 +203,4 @@ def clipped_grad_sum(loss_fn: Callable[..., jax.Array], params, batch, l2_norm_c
     return jax.tree.map(lambda a, b: a + b.astype(a.dtype), total, part), None
 
   total, _ = loops.scan(body, zero, (micro, micro_mask))
-  return ClippedGradSum(total, clip)
+  return ClippedGradSum(validation.nan_where_invalid(valid, total), clip)

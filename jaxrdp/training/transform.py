@@ -599,7 +599,9 @@ def privacy_spent(opt_state, delta: jax.typing.ArrayLike, *,
     opt_state: the optimizer state.
     delta: δ in (0, 1) (a scalar or an array of δ values).
     orders: optional subset of the accountant's orders to minimise over (each must be one of
-      them); default: all of them.
+      them); default: all of them. Under ``jax.jit`` (no check) an order outside [1, inf]
+      gives NaN, and an order in range that is not one of them is skipped: ε = +inf when
+      none of ``orders`` is.
     accountant: ``"rdp"`` (default: the state's accumulated RDP) or ``"pld"``: the tight ε
       of the run by its privacy-loss distribution (:func:`jaxrdp.pld_epsilon`; float64).
       A transform built with ``pld_phases=K`` logs its (q, σ) phases and any schedule of up
@@ -637,6 +639,11 @@ def privacy_spent(opt_state, delta: jax.typing.ArrayLike, *,
       raise ValueError(f"orders {missing.tolist()} are not among the accountant's orders.")
     # Orders not asked for are marked NaN, which compute_epsilon skips.
     rdp = jnp.where(jnp.any(hit, axis=0), rdp, jnp.nan)
+    # Under jit the checks above do not run. An order outside [1, inf] (NaN included) is an
+    # invalid argument: NaN. A valid order that is not among the accountant's matches nothing
+    # and is skipped like the orders not asked for (ε = +inf when none is left).
+    return validation.nan_where_invalid(validation.all_in_domains(orders=wanted),
+                                        compute_epsilon(state_orders, rdp, delta))
   return compute_epsilon(state_orders, rdp, delta)
 
 
