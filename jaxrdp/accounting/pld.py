@@ -423,7 +423,9 @@ def _composed(q, sigma, t, grid, *, delta=None, epsilon=None):
                                   + jnp.abs(exponent)) * (q.shape[0] + 2)
   exponent = exponent + log_relative[:, None] * (1.0 + 1e-6)
   log_tail = jnp.min(k_total - lam * (top[:, None] + 1) * interval, axis=-1)  # above the window
-  return first, jnp.log(window) + exponent, -jnp.expm1(log_finite) + jnp.exp(log_tail)
+  # p_∞ raised by the rounding of the phases' sum of t_i log(1 − p_∞,i) and of each p_∞,i.
+  p_inf = (-jnp.expm1(log_finite) + jnp.exp(log_tail)) * (1.0 + 4 * _U * (q.shape[0] + 16))
+  return first, jnp.log(window) + exponent, p_inf
 
 
 def _delta_of(first, log_mass, p_inf, eps, interval):
