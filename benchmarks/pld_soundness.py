@@ -36,9 +36,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import json
 import math
 import pathlib
+import sys
 import time
 
 import jax
@@ -49,17 +49,13 @@ import numpy as np  # noqa: E402
 
 import jaxrdp  # noqa: E402
 
-DATA = pathlib.Path(__file__).resolve().parent.parent / "tests" / "data" / "pld_references.json"
-RTOL = 1e-12
+# The cases and the tolerance are the test's (tests/test_pld_soundness.py), read from there.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests"))
+from test_pld_soundness import RTOL, _load as _load_all  # noqa: E402
 
 
 def _load(quick):
-  with open(DATA) as f:
-    cases = json.load(f)["cases"]
-  for case in cases:
-    for key in ("q", "sigma", "delta", "interval", "epsilon_float64"):
-      case[key] = float(case[key])
-    case["steps"] = int(case["steps"])
+  cases = _load_all()
   return [c for c in cases if c["quick"]] if quick else cases
 
 
