@@ -37,12 +37,14 @@ a background thread, XLA releasing the GIL), so that tracing one overlaps compil
 
 from __future__ import annotations
 
+import atexit
 import collections
 import concurrent.futures
 import contextlib
 import functools
 import gc
 import inspect
+import os
 import re
 import threading
 
@@ -54,6 +56,26 @@ from jaxrdp._internal import loops
 _CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 1}
 _CACHE_SIZE = 64   # compiled executables kept per entry point (least recently used dropped)
 _RUN_TIME_ELEMENTS = 2048   # from this many argument elements on, compile for run time
+
+
+def plain_jit() -> bool:
+  """Whether ``JAXRDP_PLAIN_JIT`` is set (to anything but ``""`` or ``0``): then every entry
+  point is a plain ``jax.jit`` (XLA's default options, no executable cache of jaxrdp's own, no
+  background compilation). The values are the same; only first calls are slower. Read when
+  an entry point is defined (at import)."""
+  return os.environ.get("JAXRDP_PLAIN_JIT", "") not in ("", "0")
+
+
+# JAX settings whose non-default values change what a program computes or checks. Where one
+# is set, the ahead-of-time executables (compiled for the defaults) are not used: the call is
+# a plain jax.jit, which honours them.
+_RESULT_SETTINGS = {"jax_debug_nans": False, "jax_debug_infs": False,
+                    "jax_default_matmul_precision": None, "jax_numpy_dtype_promotion": "standard",
+                    "jax_numpy_rank_promotion": "allow", "jax_disable_jit": False}
+
+
+def _default_settings() -> bool:
+  return all(getattr(jax.config, k, v) == v for k, v in _RESULT_SETTINGS.items())
 
 
 BUCKET_MAX = 1 << 16   # eager calls up to this many elements are padded to bucket(n)
@@ -127,8 +149,13 @@ def _gc_paused():
   (one or two per first call of a jaxrdp entry point: ~7 % of it). Nothing is left
   uncollected: the collector runs again, as usual, once it is back on; reference counting
   frees everything else as before. Nested and concurrent compilations share one pause; a
-  collector the user switched off stays off."""
+  collector the user switched off stays off. Only while no other Python thread than jaxrdp's
+  own compilers runs: another thread could switch the collector off meanwhile, and turning
+  it back on afterwards would undo that."""
   global _gc_pausers, _gc_resume
+  if _other_threads():
+    yield
+    return
   with _GC_PAUSE:
     if _gc_pausers == 0:
       _gc_resume = gc.isenabled()
@@ -143,16 +170,35 @@ def _gc_paused():
         gc.enable()
 
 
+def _other_threads() -> bool:
+  current = threading.current_thread()
+  return any(t is not current and not t.name.startswith(_THREAD_PREFIX)
+             for t in threading.enumerate())
+
+
 _BACKGROUND = []   # the thread pool of background compilations, created on first use
+_THREAD_PREFIX = "jaxrdp-compile"
 
 
 def _background_compiler():
-  """Two threads for :func:`jit`'s background compilations (created on first use)."""
+  """Two threads for :func:`jit`'s background compilations (created on first use, shut down
+  at exit without waiting for compilations nobody will use)."""
   with _GC_PAUSE:
     if not _BACKGROUND:
       _BACKGROUND.append(concurrent.futures.ThreadPoolExecutor(
-          max_workers=2, thread_name_prefix="jaxrdp-compile"))
+          max_workers=2, thread_name_prefix=_THREAD_PREFIX))
+      atexit.register(shutdown)
     return _BACKGROUND[0]
+
+
+def shutdown():
+  """Stops the background compilers (pending compilations are cancelled); a later
+  compilation starts new ones."""
+  with _GC_PAUSE:
+    pools = list(_BACKGROUND)
+    _BACKGROUND.clear()
+  for pool in pools:
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 def jit(fun=None, *, static_argnames=(), work=None):
@@ -164,6 +210,9 @@ def jit(fun=None, *, static_argnames=(), work=None):
   signature = inspect.signature(fun)
   inlined = loops.without_nested_jit(fun)   # traced in one jaxpr (see jaxrdp._internal.loops)
   plain = jax.jit(inlined, static_argnames=static_argnames)
+  if plain_jit():
+    plain.prepare = lambda *args, **kwargs: None
+    return plain
   executables = collections.OrderedDict()
   lock = threading.Lock()
 
@@ -219,20 +268,31 @@ def jit(fun=None, *, static_argnames=(), work=None):
       # jaxpr is traced once per signature and reused by every program that calls it.
       with jax.disable_jit(False):
         return plain(*args, **kwargs)
-    if jax.default_backend() != "cpu":
-      with _gc_paused(), jax.disable_jit(False):   # jax.jit's cache: this call may compile
+    if jax.config.jax_disable_jit:
+      # A user's jax.disable_jit(): the body runs op by op, as any JAX function would (its
+      # loops stay compiled loops, see jaxrdp._internal.loops).
+      return fun(*args, **kwargs)
+    if jax.default_backend() != "cpu" or not _default_settings():
+      # jax.jit's own cache (this call may compile), which honours every setting.
+      with _gc_paused():
         return plain(*args, **kwargs)
     key, executable = entry(arguments, leaves, treedef, background=False)
     if isinstance(executable, concurrent.futures.Future):   # compiling in the background
-      future, executable = executable, executable.result()
+      future = executable
+      try:
+        executable = future.result()
+      except BaseException as error:
+        # A failed or cancelled compilation is not kept: the next call compiles again (a
+        # cancelled one, from shutdown(), this call).
+        with lock:
+          if executables.get(key) is future:
+            del executables[key]
+        if not isinstance(error, concurrent.futures.CancelledError):
+          raise
+        _, executable = entry(arguments, leaves, treedef, background=False)
       with lock:
         if executables.get(key) is future:
           executables[key] = executable
-    if jax.config.jax_disable_jit:
-      # A user's jax.disable_jit() (debugging their own code): ahead-of-time executables
-      # refuse to run under it, and jaxrdp's kernels op by op would take minutes.
-      with jax.disable_jit(False):
-        return executable(**dynamic)
     return executable(**dynamic)
 
   def prepare(*args, **kwargs):

@@ -17,8 +17,9 @@ How it is evaluated: on a concrete grid (the default) every grid order goes thro
 sums and the shared nodes (:func:`jaxrdp.mechanisms.sampled_gaussian.log_a_and_rdp_at_orders`) and the
 refinement's orders through 8 extra slots of the same program (:func:`_search_orders` and
 :func:`_search_update`, driven from the host for concrete inputs, one loop in the graph for
-traced ones). Long schedules evaluate each phase only at the grid orders that bounds from
-the phases binned by σ leave in play (:func:`_pruned_grid_epsilons`). Calibrations run their
+traced ones). Long schedules (more than 64 phases), traced or not, evaluate each phase only at
+the grid orders that bounds from the phases binned by σ leave in play, and refine in windows
+of 16 orders (:func:`_binned_search`, one program with static shapes). Calibrations run their
 safe-side search on the full evaluation, and the envelope gradient is taken at the one
 optimal order through its own split. The per-order quadrature is compiled only when
 something is left open (then it fills just those values). A traced grid uses the branch and
@@ -284,81 +285,125 @@ def _grid_search(q, sigma, t, delta, orders, split, tables, refine_steps):
   return _search_result(loops.while_loop(lambda st: st[-1], step, state), delta, jnp)[:2]
 
 
-_SLOTS_APART = 1 << 14   # from this many (phase, order) elements on, refinement steps evaluate
-                         # the slots alone (a second program; its compilation is then minor)
-
-
 def _concrete_epsilon(q, sigma, t, delta, grid, refine_order):
   """(ε, order) of :func:`_search_epsilon` where the grid is concrete (None otherwise): every
   grid order is evaluated (the exact sums and shared nodes make that cheaper than the branch
   and bound of the per-order quadrature), then the same refinement. For concrete inputs the
   steps run from the host (compiling a loop and the search's logic around the kernel costs
   XLA ~0.3 s more), each evaluation one call of the program of ``compute_rdp`` (values left
-  open filled on the host, :func:`_concrete_epsilons`); for long schedules the refinement
-  steps evaluate the slots alone. Traced inputs: :func:`_grid_search`."""
+  open filled on the host, :func:`_concrete_epsilons`). Traced inputs: :func:`_grid_search`.
+  Schedules of more than _BINNED_PHASES phases: :func:`_binned_search`, traced or not."""
   slotted = _with_slots(grid)
   if slotted is None:
     return None
   orders, split, tables = slotted
   steps = REFINE_STEPS if refine_order and grid.shape[0] >= 2 else 0
+  if q.shape[0] > _BINNED_PHASES:   # traced or not: one program
+    ascending = np.sort(grid)   # a window's orders ascend (one group of shared nodes)
+    split, tables = _concrete_split(ascending)
+    return _binned_search(q, sigma, t, delta, ascending, split, tables,
+                          _WINDOW_REFINE_STEPS if steps else 0)
   if not validation.is_concrete((q, sigma, t, delta)):
     return _grid_search(q, sigma, t, delta, orders, split, tables, steps)
-  k = grid.shape[0]
-  apart = q.size * orders.size >= _SLOTS_APART
-  slots_split = sampled_gaussian.OrderSplit(None, (tuple(range(order_search.BATCH)),))
   state = _search_start(orders.dtype)
   while state[-1]:
     alphas = _search_orders(state, orders, np)
-    if apart and state[0] > 0:   # the grid's values are not used after step 0
-      eps = _concrete_epsilons(q, sigma, t, delta, alphas[k:], slots_split, None)
-      eps = np.concatenate([np.full(k, np.inf, eps.dtype), eps])
-    elif apart:
-      eps = _pruned_grid_epsilons(q, sigma, t, delta, alphas, split, tables, slots_split)
-    else:
-      eps = _concrete_epsilons(q, sigma, t, delta, alphas, split, tables)
+    eps = _concrete_epsilons(q, sigma, t, delta, alphas, split, tables)
     state = _search_update(state, eps, np.zeros(eps.shape, bool), orders, steps, np)
   eps, best, _ = _search_result(state, np.asarray(delta), np)
   return validation.to_device(eps), validation.to_device(best)
 
 
 _BOUND_BINS = 64   # bins of phases whose bounds decide which grid orders a long schedule needs
+_BINNED_PHASES = _BOUND_BINS   # schedules with more phases: _binned_search
+_WINDOW = 16       # orders per step of _binned_search (one group of shared nodes)
+_WINDOW_REFINE_STEPS = 4   # its refinement steps (the bracket shrinks 8.5x per step)
 
 
-def _pruned_grid_epsilons(q, sigma, t, delta, orders, split, tables, slots_split):
-  """ε at the grid orders of a long schedule (``orders``: the grid and its slots, +inf at the
-  slots), exact wherever it can be the minimum over the grid, +inf elsewhere.
+def _phase_bins(q, sigma, t):
+  """(q, σ, T) of 2 * _BOUND_BINS pairs: the phases sorted by σ and cut into _BOUND_BINS equal
+  bins (static sizes), each bin's steps at (its largest q, its smallest σ), then at (its
+  smallest q, its largest σ). RDP is non-decreasing in q and non-increasing in σ (Mironov,
+  Talwar, Zhang 2019), so the first half bounds the schedule's RDP from above at every
+  order and the second from below. Phases with no steps take no part; a bin without steps
+  is a neutral pair (q = 1/2, σ = 1, no steps)."""
+  p, bins = q.shape[0], _BOUND_BINS
+  size = -(-p // bins)
+  order = jnp.argsort(sigma, stable=True)
+  pad = lambda v, fill: jnp.concatenate([v[order], jnp.full((size * bins - p,), fill, v.dtype)])
+  qs, ss, ts = (pad(v, f).reshape(bins, size) for v, f in ((q, 0.0), (sigma, 1.0), (t, 0.0)))
+  live = ts > 0
+  extreme = lambda v, fn, fill: fn(jnp.where(live, v, fill), axis=1)
+  steps = jnp.sum(ts, axis=1)
+  empty = steps == 0
+  neutral = lambda v, fill: jnp.where(empty, fill, v)
+  q_pairs = jnp.concatenate([neutral(extreme(qs, jnp.max, 0.0), 0.5),
+                             neutral(extreme(qs, jnp.min, 1.0), 0.5)])
+  s_pairs = jnp.concatenate([neutral(extreme(ss, jnp.min, jnp.inf), 1.0),
+                             neutral(extreme(ss, jnp.max, 0.0), 1.0)])
+  return q_pairs, s_pairs, jnp.concatenate([steps, steps])
 
-  RDP is non-decreasing in q and non-increasing in σ (Mironov, Talwar, Zhang 2019), so for
-  the phases sorted by σ and cut into _BOUND_BINS bins, the bin's steps times the RDP at
-  (its largest q, its smallest σ) bound its RDP from above, at (smallest q, largest σ) from
-  below: 2 * _BOUND_BINS pairs give an upper and a lower bound of ε at every order. An order
-  whose lower bound exceeds the best upper bound (with a rounding slack far above the RDP's
-  own rounding) cannot be the minimum; only the others are evaluated for every phase, in
-  batches of _BATCH through the slots' program (shared nodes at every order, integer ones
-  too: the same values to rounding). Falls back to the whole grid when the bounds keep more
-  than half of it."""
-  k = orders.shape[0] - order_search.BATCH
-  grid = orders[:k]
-  bins = [b for b in np.array_split(np.argsort(sigma, kind="stable"), _BOUND_BINS) if b.size]
-  steps = np.array([t[b].sum() for b in bins])
-  pairs = [(q[b].max(), sigma[b].min()) for b in bins] + [(q[b].min(), sigma[b].max()) for b in bins]
-  bq, bs = (np.array(v, q.dtype) for v in zip(*pairs))
-  bound = _concrete_epsilons(bq[:len(bins)], bs[:len(bins)], steps, delta, orders, split, tables)[:k]
-  low = _concrete_epsilons(bq[len(bins):], bs[len(bins):], steps, delta, orders, split, tables)[:k]
-  # Rounding slack, far above the RDP's own error (float32: up to ~7e-4 relative, and the
-  # bound and the exact value may err in opposite directions). A wrongly pruned order could
-  # only raise ε (the minimum is taken over fewer orders), never lower it.
-  slack = 1e-9 if np.finfo(q.dtype).bits > 32 else 5e-3
-  keep = np.nonzero(~(low > np.min(bound) * (1 + slack)))[0]   # NaN bounds are kept
-  if 2 * keep.size > k:
-    return _concrete_epsilons(q, sigma, t, delta, orders, split, tables)
-  eps = np.full(orders.shape, np.inf, orders.dtype)
-  keep = keep[np.argsort(grid[keep], kind="stable")]   # a group's orders ascend
-  for start in range(0, keep.size, order_search.BATCH):
-    idx = keep[start:start + order_search.BATCH]
-    alphas = grid[idx[np.minimum(np.arange(order_search.BATCH), idx.size - 1)]]
-    eps[idx] = _concrete_epsilons(q, sigma, t, delta, alphas, slots_split, None)[:idx.size]
-  return eps
+
+@functools.partial(compilation.jit, static_argnames=("split", "refine_steps"))
+def _binned_search(q, sigma, t, delta, grid, split, tables, refine_steps):
+  """(ε, its order) of a long traced schedule on a concrete grid, in static shapes.
+
+  The bounds of :func:`_phase_bins` give an upper and a lower bound of ε at every grid order
+  (one evaluation of the grid for 2 * _BOUND_BINS pairs). Then one loop, each step evaluating
+  every phase at _WINDOW orders (one group of shared nodes; a value it cannot certify is
+  +inf, never smaller): first the grid orders whose lower bound is below the best ε found,
+  _WINDOW at a time, smallest bound first (usually one step: they lie around the optimum),
+  then ``refine_steps`` steps of _WINDOW equally spaced orders inside the bracket of the best
+  order (:mod:`jaxrdp.accounting.order_search`'s rules). Every order left out has a lower
+  bound at least the ε returned, and every ε returned is ε at an evaluated order."""
+  k = grid.shape[0]
+  grid = jnp.asarray(grid)
+  bq, bs, bt = _phase_bins(q, sigma, t)
+  rdp, pending = composition.rdp_of_steps(bq, bs, bt, grid, split, tables, fallback=False)
+  half = _BOUND_BINS
+  lower = _composed_epsilons(grid, jnp.where(pending[half:], 0.0, rdp[half:]), delta)
+  usable = jnp.isfinite(grid) & (grid > 1)
+  window = sampled_gaussian.OrderSplit(None, (tuple(range(_WINDOW)),))
+  fractions = jnp.arange(1, _WINDOW + 1, dtype=grid.dtype) / (_WINDOW + 1)
+  big = jnp.finfo(grid.dtype).max
+
+  def body(state):
+    best, alpha, lo, hi, known, refined = state
+    candidates = ~known & usable & (lower < best)
+    searching = jnp.any(candidates)
+    key = jnp.where(candidates, jnp.clip(lower, -big, big), jnp.inf)
+    pick = jnp.sort(lax.top_k(-key, _WINDOW)[1])   # the grid ascends: so do the orders
+    inside = lo + (hi - lo) * fractions
+    orders = jnp.where(searching, grid[pick], inside)
+    r = composition.rdp_of_steps(q, sigma, t, orders, window, None, fallback=False)[0]
+    eps = _composed_epsilons(orders, r, delta)
+    eps = jnp.where(searching & ~candidates[pick], jnp.inf, eps)   # fillers of the last window
+    j = jnp.argmin(eps)
+    better = eps[j] < best
+    best, alpha = jnp.where(better, eps[j], best), jnp.where(better, orders[j], alpha)
+    start = order_search.bracket_of(grid, usable, alpha)
+    points = jnp.concatenate([lo[None], inside, hi[None]])
+    m = jnp.argmin(jnp.concatenate([jnp.full((1,), jnp.inf, eps.dtype), eps,
+                                    jnp.full((1,), jnp.inf, eps.dtype)]))
+    new = points[jnp.maximum(m - 1, 0)], points[jnp.minimum(m + 1, _WINDOW + 1)]
+    lo, hi = (jnp.where(searching, a, b) for a, b in zip(start, new))
+    known = known | (searching & jnp.zeros_like(known).at[pick].set(True))
+    return best, alpha, lo, hi, known, refined + (~searching).astype(jnp.int32)
+
+  def cond(state):
+    best, alpha, _, _, known, refined = state
+    searching = jnp.any(~known & usable & (lower < best))
+    refinable = jnp.isfinite(best) & jnp.isfinite(alpha) & (alpha > 1)
+    return searching | ((refined < refine_steps) & refinable)
+
+  one = jnp.ones((), grid.dtype)
+  state = (jnp.inf * one, jnp.nan * one, one, one, ~usable, jnp.zeros((), jnp.int32))
+  best, alpha, *_ = loops.while_loop(cond, body, state)
+  eps = jnp.where(validation.in_domain("delta", delta), best, jnp.nan)
+  found = jnp.isfinite(alpha) & (alpha > 1) & jnp.isfinite(best)
+  return eps, jnp.where(found, alpha, jnp.nan)
+
+
 
 
 def _concrete_epsilons(q, sigma, t, delta, orders, split, tables):
@@ -420,7 +465,7 @@ def _envelope_jvp(primals, tangents):
     return eps, jnp.zeros_like(eps)
   grads = _concrete_gradient(best, *args, wanted=wanted)
   if grads is None:
-    grads = _epsilon_gradient(best, *args)
+    grads = _epsilon_gradient(best, *args, wanted=wanted)
   pairs = tuple((g, d) for g, d, w in zip(grads, dots, wanted) if w)
   return eps, _contract(*zip(*pairs)).astype(eps.dtype)
 
@@ -435,17 +480,31 @@ def _contract(grads, dots):
   return sum(jnp.sum(g * d) for g, d in zip(grads, dots))
 
 
-@compilation.jit
-def _epsilon_gradient(best, q, sigma, t, delta):
-  """d ε / d(q, σ, T, δ) at the fixed order ``best`` (zero where no order is usable)."""
-  usable = jnp.isfinite(best)
-  # Safe stand-ins where no order is usable (ε infinite, or a degenerate schedule), so that
-  # the unused derivative is finite and the selected zero stays zero.
-  safe = (0.5, 1.0, 1.0, 1e-5)
-  args = [jnp.where(usable, a, jnp.asarray(v, a.dtype)) for a, v in zip((q, sigma, t, delta), safe)]
-  alpha = jnp.where(usable, best, 2.0)[None]
-  grads = jax.grad(lambda *a: _epsilon_at(*a, alpha)[0], argnums=(0, 1, 2, 3))(*args)
-  return tuple(jnp.where(usable, g, 0.0) for g in grads)
+@functools.partial(compilation.jit, static_argnames=("wanted",))
+def _epsilon_gradient(best, q, sigma, t, delta, wanted=(True,) * 4):
+  """d ε / d(q, σ, T, δ) at the fixed order ``best`` (any order, traced or not): zero where no
+  order is usable, NaN where the RDP's derivative cannot be certified there. Forward mode, as
+  :func:`_gradient_at`: phase i's RDP depends on (q_i, σ_i) alone, so the two directions
+  (every q, every σ) are two tangents of one pass of
+  :func:`jaxrdp.mechanisms.sampled_gaussian.rdp_tangent_at_order` over the phases stacked
+  twice; only the ``wanted`` (static) directions are taken."""
+  usable = jnp.isfinite(best) & (best > 1)
+  alpha = jnp.where(usable, best, 2.0)
+  n = q.shape[0]
+  one, zero = jnp.ones_like(q), jnp.zeros_like(q)
+  directions = [d for d, w in zip(((one, zero), (zero, one)), wanted[:2]) if w] or [(zero, zero)]
+  stack = lambda v: jnp.concatenate([v] * len(directions))
+  rdp, d_rdp, certified = sampled_gaussian.rdp_tangent_at_order(
+      stack(q), stack(sigma), alpha, *(jnp.concatenate(d) for d in zip(*directions)))
+  rdp, d_rdp = rdp[:n], iter(d_rdp.reshape(len(directions), n))
+  d_q, d_sigma = (next(d_rdp) if w else zero for w in wanted[:2])
+  total = jnp.sum(jnp.where(t == 0, 0.0, t * rdp))
+  d_total, d_delta = jax.grad(lambda r, d: epsilon_at_orders(alpha[None], r, d)[0],
+                              argnums=(0, 1))(total, delta)
+  per_phase = lambda v: jnp.where(t == 0, 0.0, d_total * v)
+  grads = (per_phase(t * d_q), per_phase(t * d_sigma), per_phase(rdp), d_delta)
+  certified = jnp.all(certified | (stack(t) == 0))
+  return tuple(jnp.where(usable, jnp.where(certified, g, jnp.nan), 0.0) for g in grads)
 
 
 def _concrete_gradient(best, q, sigma, t, delta, wanted=(True,) * 4):

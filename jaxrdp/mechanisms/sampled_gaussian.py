@@ -1225,7 +1225,7 @@ def _grid_terms(nodes, inv_2s2, alpha, m_ref, exponent_only=False, constants=Non
   return e, jnp.maximum(mult, 0.0)
 
 
-def _shared_span(q, sigma, alphas):
+def _shared_span(q, sigma, alphas, intervals=_SHARED_INTERVALS):
   r"""(lo, h): the shared grid of each row, [lo, lo + _SHARED_INTERVALS h] with
   lo = -_HALF_WIDTH sigma and hi = max(2, alpha_max) + (_HALF_WIDTH + 1) sigma, in closed form.
 
@@ -1247,7 +1247,7 @@ def _shared_span(q, sigma, alphas):
   del q
   lo = -_HALF_WIDTH * sigma
   hi = jnp.maximum(alphas[:, -1], 2.0) + (_HALF_WIDTH + 1) * sigma
-  return lo, (hi - lo) / _SHARED_INTERVALS
+  return lo, (hi - lo) / intervals
 
 
 def _reference_power(e_abs, inv_2s2, alpha):
@@ -1268,9 +1268,9 @@ def _reference_power(e_abs, inv_2s2, alpha):
   return m_ref, _where(jnp.isfinite(peak), peak - m_ref * (m_ref - 1) * inv_2s2, 0.0)
 
 
-def _log_j_shared(q, sigma, alphas, tangents):
+def _log_j_shared(q, sigma, alphas, tangents, intervals=_SHARED_INTERVALS):
   r"""log J (r, g) and its tangent on rows: flat generic q, sigma (r,), each row with its own
-  ascending orders ``alphas`` (r, g), on one grid of _SHARED_INTERVALS + 1 nodes per row
+  ascending orders ``alphas`` (r, g), on one grid of ``intervals`` + 1 nodes per row
   (:func:`_shared_span`); +inf (tangent 0) where a value cannot be certified. The tangent (of
   q, sigma, alphas given by ``tangents``) is the quadrature of the integrand's derivative on
   the same nodes, in the same pass (window, reference power and scale held fixed, as in the
@@ -1280,18 +1280,19 @@ def _log_j_shared(q, sigma, alphas, tangents):
   dtype = q.dtype
   sg = lax.stop_gradient
   q, sigma, alphas = sg(q), sg(sigma), sg(alphas)
-  lo, h = _shared_span(q, sigma, alphas)
-  i = jnp.arange(_SHARED_INTERVALS + 1, dtype=dtype)
+  lo, h = _shared_span(q, sigma, alphas, intervals)
+  i = jnp.arange(intervals + 1, dtype=dtype)
   ex = lambda v: v[:, None, None]
   z = ex(lo) + ex(h) * i
   inv_2s2 = lambda s_: ex(0.5 / (s_ * s_))
   nodes_of = lambda q_, s_: _grid_nodes(z, inv_2s2(s_), ex(jnp.log(q_)), ex(jnp.log1p(-q_)), ex(q_))
   nodes = nodes_of(q, sigma)
   alpha = alphas[..., None]
-  e_abs, _ = _grid_terms({k: v[..., ::4] for k, v in nodes.items()}, inv_2s2(sigma), alpha,
+  coarse = max(4, intervals // 512)   # the peak located on every fourth node at most
+  e_abs, _ = _grid_terms({k: v[..., ::coarse] for k, v in nodes.items()}, inv_2s2(sigma), alpha,
                          jnp.zeros_like(alpha), exponent_only=True)
   m_ref, ref = _reference_power(e_abs, inv_2s2(sigma), alpha)
-  weight = _where((i == 0) | (i == _SHARED_INTERVALS), 0.5, 1.0).astype(dtype)
+  weight = _where((i == 0) | (i == intervals), 0.5, 1.0).astype(dtype)
   const = ref[..., 0] + (jnp.log(h) - 0.5 * math.log(2 * math.pi))[:, None]   # held fixed
 
   def log_j_of(q_, s_, a_):   # log J - const, and the summed values (relative to ref)
@@ -1310,6 +1311,40 @@ def _log_j_shared(q, sigma, alphas, tangents):
   failed = _assess(log_j - shift, rule(2), rule(4), edge, shift,
                    *_rates(h[:, None], sigma[:, None]), alphas)
   return _where(failed, jnp.inf, log_j), _where(failed, 0.0, d_log_j)
+
+
+_TANGENT_INTERVALS = (_SHARED_INTERVALS, 16 * _SHARED_INTERVALS)   # grids of rdp_tangent_at_order
+
+
+def rdp_tangent_at_order(q, sigma, alpha, dq, dsigma):
+  r"""(RDP, its tangent along (``dq``, ``dsigma``), certified) of flat q, sigma (n,) at one
+  order ``alpha`` (a scalar, traced or not), without argument checks: the derivative that the
+  envelope theorem needs at the optimal order of a conversion (Mironov, Talwar, Zhang 2019,
+  Sec. 3; the tangent is the quadrature of the integrand's derivative, as in
+  :func:`_log_j_shared`). One grid of 129 shared nodes per pair, and where that cannot certify
+  every value, one of 2049 (a ``lax.cond``: run only then); ``certified`` is false where even
+  that could not (the value is then +inf and the tangent 0: a caller reports NaN there).
+  Integer and fractional orders alike, so that the graph holds one small kernel whatever the
+  order turns out to be (the per-order kernel's derivative is ~5x its compile time)."""
+  dtype = q.dtype
+  alpha = jnp.broadcast_to(jnp.asarray(alpha, dtype), q.shape)
+  generic, q_g, s_g, a_g = _generic(q, sigma, alpha)
+  zero = jnp.zeros_like(q)
+  tangents = (_where(generic, dq, zero), _where(generic, dsigma, zero), zero[:, None])
+
+  def on_grid(intervals):
+    def run(_):
+      log_j, d_log_j = _log_j_shared(q_g, s_g, a_g[:, None], tangents, intervals)
+      return log_j[:, 0], d_log_j[:, 0]
+    return run
+
+  log_j, d_log_j = on_grid(_TANGENT_INTERVALS[0])(None)
+  open_ = generic & ~jnp.isfinite(log_j)
+  log_j, d_log_j = lax.cond(jnp.any(open_), on_grid(_TANGENT_INTERVALS[1]),
+                            lambda _: (log_j, d_log_j), None)
+  rdp, d_rdp = jax.jvp(lambda q_, s_, l_: _terms(q_, s_, alpha, l_)[1], (q, sigma, log_j),
+                       (dq, dsigma, d_log_j))
+  return rdp, d_rdp, ~generic | jnp.isfinite(log_j)
 
 
 _SHARED_LEVELS = 6   # levels after the first: 129, 257, ..., 4097 nodes

@@ -1,0 +1,154 @@
+"""Benchmark: jaxrdp inside a user's own ``jax.jit``, ``jax.grad`` and ``jax.vmap``.
+
+Each case runs in its own fresh Python process with an empty ``HOME`` / ``XDG_CACHE_HOME``,
+no ``JAX_COMPILATION_CACHE_DIR`` and ``JAXRDP_CACHE_DIR=""`` (no compilation cache of any
+kind), ``JAX_PLATFORMS=cpu`` unless ``--platform`` says otherwise, float64. The user's
+``jax.jit`` gets XLA's default compiler options. Reported per case: the first call (trace +
+compile + one run, after the imports) and the warm call, medians over ``--repeats``
+processes. The long schedule (10,000 steps, a different σ each) is also composed by
+dp_accounting in the same process (``RdpAccountant``, the same events, ``get_epsilon``), and
+the ratio of the two warm times is printed.
+
+How to run (from the repository root)::
+
+    python benchmarks/bench_user_jit.py [--repeats 3] [--only jit_epsilon,...]
+
+Lines starting with ``GOAL`` compare each median with its goal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+_PRELUDE = """
+import json, time
+import jax
+jax.config.update("jax_enable_x64", True)
+import jax.numpy as jnp
+import numpy as np
+import jaxrdp
+"""
+
+_CASES = {
+    "jit_epsilon": """
+f = jax.jit(lambda s: jaxrdp.dpsgd_epsilon(0.01, s, 10_000, 1e-5))
+args = (1.1,)
+""",
+    "jit_grad_epsilon": """
+f = jax.jit(jax.grad(lambda s: jaxrdp.dpsgd_epsilon(0.01, s, 10_000, 1e-5)))
+args = (1.1,)
+""",
+    "jit_calibrate": """
+f = jax.jit(lambda e: jaxrdp.calibrate_noise_multiplier(e, 1e-5, 0.01, 10_000))
+args = (2.0,)
+""",
+    "jit_compute_rdp": """
+f = jax.jit(lambda s: jaxrdp.compute_rdp(0.01, s, 10_000, jaxrdp.DEFAULT_ORDERS))
+args = (1.1,)
+""",
+    "jit_vmap_epsilon": """
+f = jax.jit(jax.vmap(lambda s: jaxrdp.dpsgd_epsilon(0.01, s, 10_000, 1e-5)))
+args = (jnp.linspace(0.6, 3.0, 64),)
+""",
+    "jit_value_and_grad_30": """
+f = jax.jit(jax.value_and_grad(lambda s: jaxrdp.dpsgd_epsilon(0.01, s, 100.0, 1e-5)))
+args = (jnp.linspace(0.8, 1.6, 30),)
+""",
+    "jit_value_and_grad_10k": """
+f = jax.jit(jax.value_and_grad(lambda s: jaxrdp.dpsgd_epsilon(0.01, s, 1.0, 1e-5)))
+args = (jnp.asarray(np.random.default_rng(0).uniform(0.8, 2.0, 10_000)),)
+""",
+    "jit_epsilon_10k": """
+f = jax.jit(lambda s: jaxrdp.dpsgd_epsilon(0.01, s, 1.0, 1e-5))
+args = (jnp.asarray(np.random.default_rng(0).uniform(0.8, 2.0, 10_000)),)
+""",
+}
+
+_RUN = """
+t0 = time.perf_counter()
+value = jax.block_until_ready(f(*args))
+t1 = time.perf_counter()
+warm = []
+for _ in range(5):
+  s = time.perf_counter()
+  jax.block_until_ready(f(*args))
+  warm.append(time.perf_counter() - s)
+out = {"first": t1 - t0, "warm": sorted(warm)[2],
+       "value": [float(v) for v in jnp.ravel(jnp.asarray(jax.tree_util.tree_leaves(value)[0]))[:2]]}
+if %(anchor)r:
+  import dp_accounting
+  sig = np.asarray(args[0])
+  times = []
+  for _ in range(3):
+    s = time.perf_counter()
+    acc = dp_accounting.rdp.RdpAccountant()
+    for x in sig:
+      acc.compose(dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(float(x))))
+    anchor_eps = acc.get_epsilon(1e-5)
+    times.append(time.perf_counter() - s)
+  out["anchor"] = sorted(times)[1]
+  out["anchor_value"] = anchor_eps
+print(json.dumps(out))
+"""
+
+GOALS = {"jit_epsilon": (1.5, None), "jit_grad_epsilon": (2.0, None), "jit_calibrate": (2.0, None),
+         "jit_compute_rdp": (1.5, None), "jit_vmap_epsilon": (2.0, 0.030),
+         "jit_value_and_grad_30": (2.0, None), "jit_value_and_grad_10k": (5.0, 0.3),
+         "jit_epsilon_10k": (None, None)}
+
+
+def _clean_env(tmp: str, platform: str) -> dict:
+  env = {k: v for k, v in os.environ.items()
+         if not k.startswith("JAX_COMPILATION_CACHE") and k != "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"}
+  env.update(HOME=tmp, XDG_CACHE_HOME=tmp, JAXRDP_CACHE_DIR="", JAX_PLATFORMS=platform)
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env["PYTHONPATH"] = repo + os.pathsep + env.get("PYTHONPATH", "")
+  return env
+
+
+def _run(code: str, platform: str) -> dict:
+  with tempfile.TemporaryDirectory() as tmp:
+    out = subprocess.run([sys.executable, "-c", code], env=_clean_env(tmp, platform),
+                         capture_output=True, text=True, check=False)
+  if out.returncode != 0:
+    raise RuntimeError(f"subprocess failed:\n{out.stderr[-3000:]}")
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--only", default=None, help="comma-separated cases")
+  parser.add_argument("--platform", default="cpu")
+  args = parser.parse_args()
+  names = list(_CASES) if args.only is None else args.only.split(",")
+  for name in names:
+    anchor = name == "jit_epsilon_10k"
+    runs = [_run(_PRELUDE + _CASES[name] + _RUN % {"anchor": anchor}, args.platform)
+            for _ in range(args.repeats)]
+    first = statistics.median(r["first"] for r in runs)
+    warm = statistics.median(r["warm"] for r in runs)
+    line = f"{name}: first call {first:.2f} s, warm {1e3 * warm:.2f} ms, value {runs[0]['value']}"
+    if anchor:
+      ratio = statistics.median(r["anchor"] / r["warm"] for r in runs)
+      line += (f"; dp_accounting {statistics.median(r['anchor'] for r in runs):.2f} s "
+               f"(eps {runs[0]['anchor_value']:.6f}): {ratio:.0f}x faster warm")
+    print(line, flush=True)
+    goal_first, goal_warm = GOALS[name]
+    if goal_first is not None:
+      print(f"GOAL {name} first call = {first:.2f} s (goal <= {goal_first} s): "
+            f"{'met' if first <= goal_first else 'NOT met'}")
+    if goal_warm is not None:
+      print(f"GOAL {name} warm = {1e3 * warm:.1f} ms (goal <= {1e3 * goal_warm:.0f} ms): "
+            f"{'met' if warm <= goal_warm else 'NOT met'}")
+
+
+if __name__ == "__main__":
+  main()

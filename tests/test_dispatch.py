@@ -1,0 +1,126 @@
+"""The eager dispatch layer (jaxrdp._internal.compilation) leaves no global side effects.
+
+Each test fails without the fix it names: a failed background compilation is evicted, not
+re-raised forever; JAX settings that change results are honoured (plain ``jax.jit``), not
+ignored by an executable compiled for the defaults; a user's ``jax.disable_jit()`` runs the
+body op by op; a collector another thread switched off stays off; the background compilers
+can be shut down (and are, at exit); ``JAXRDP_PLAIN_JIT=1`` makes every entry point a plain
+``jax.jit`` with the same values.
+"""
+
+import gc
+import os
+import pathlib
+import subprocess
+import sys
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrdp._internal import compilation
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_a_failed_background_compilation_is_compiled_again(monkeypatch):
+  real = compilation._compile_with_options
+  failures = []
+
+  def fail_once(lowered):
+    if not failures:
+      failures.append(True)
+      raise RuntimeError("compilation failed")
+    return real(lowered)
+
+  monkeypatch.setattr(compilation, "_compile_with_options", fail_once)
+  f = compilation.jit(lambda v: v * 3.0 - 1.0)
+  x = np.arange(4.0)
+  f.prepare(x)   # compiled in the background: fails there
+  with pytest.raises(RuntimeError, match="compilation failed"):
+    f(x)
+  np.testing.assert_array_equal(np.asarray(f(x)), x * 3.0 - 1.0)
+
+
+def test_settings_that_change_results_are_honoured():
+  f = compilation.jit(lambda v: jnp.log(v))
+  x = np.array([-1.0, 2.0])
+  assert np.isnan(np.asarray(f(x))[0])   # an executable for the default settings is cached
+  with jax.debug_nans(True):
+    with pytest.raises(FloatingPointError):
+      f(x)
+  assert np.isnan(np.asarray(f(x))[0])
+
+
+def test_a_user_s_disable_jit_runs_the_body_op_by_op():
+  seen = []
+
+  def body(v):
+    seen.append(isinstance(v, jax.core.Tracer))
+    return v * 2.0 + 1.0
+
+  f = compilation.jit(body)
+  x = np.arange(3.0)
+  expected = np.asarray(f(x))
+  with jax.disable_jit():
+    np.testing.assert_array_equal(np.asarray(f(x)), expected)
+  assert seen == [True, False]
+
+
+def test_a_collector_another_thread_switches_off_stays_off():
+  go, done = threading.Event(), threading.Event()
+
+  def other():
+    go.wait(30)
+    gc.disable()
+    done.set()
+
+  thread = threading.Thread(target=other)
+  thread.start()
+
+  def body(v):
+    go.set()
+    done.wait(30)   # the other thread switches the collector off while this compiles
+    return v + 1.0
+
+  try:
+    compilation.jit(body)(np.arange(2.0))
+    thread.join(30)
+    assert not gc.isenabled()
+  finally:
+    gc.enable()
+
+
+def test_the_background_compilers_shut_down():
+  f = compilation.jit(lambda v: v - 2.0)
+  f.prepare(np.arange(5.0))
+  assert any(t.name.startswith(compilation._THREAD_PREFIX) for t in threading.enumerate())
+  compilation.shutdown()
+  for t in threading.enumerate():
+    if t.name.startswith(compilation._THREAD_PREFIX):
+      t.join(30)
+  assert not any(t.name.startswith(compilation._THREAD_PREFIX) for t in threading.enumerate())
+  np.testing.assert_array_equal(np.asarray(f(np.arange(5.0))), np.arange(5.0) - 2.0)
+
+
+def test_plain_jit_switch_gives_plain_jax_jit_and_the_same_values():
+  script = """
+import jax
+jax.config.update("jax_enable_x64", True)
+import jaxrdp
+from jaxrdp.accounting import composition
+assert type(composition.compute_rdp_unchecked).__name__ == "PjitFunction", type(composition.compute_rdp_unchecked)
+print(repr(float(jaxrdp.dpsgd_epsilon(0.01, 1.1, 1000, 1e-5))))
+"""
+  def run(switch):
+    env = dict(os.environ, JAXRDP_PLAIN_JIT=switch, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, check=False)
+    return out
+  plain = run("1")
+  assert plain.returncode == 0, plain.stderr[-2000:]
+  import jaxrdp   # (the suite runs in float64, tests/conftest.py)
+  expected = float(jaxrdp.dpsgd_epsilon(0.01, 1.1, 1000, 1e-5))
+  assert abs(float(plain.stdout.strip()) - expected) <= 1e-12 * expected

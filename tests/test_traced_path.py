@@ -1,0 +1,62 @@
+"""ε and its gradient inside a user's own ``jax.jit`` agree with the eager calls.
+
+Under ``jax.jit`` the envelope gradient is taken at the traced optimal order on shared nodes
+(``rdp_tangent_at_order``: 129 nodes, 2049 where those cannot certify), and long schedules
+(more than 128 phases) take the binned search (bounds from phases binned by σ, windows of
+grid orders, refinement). The eager calls take their own programs; the values must agree.
+References: the eager ``jax.grad`` (exact envelope gradient at the optimal order, itself
+checked against finite differences in test_accounting.py) and the whole-grid minimum of
+``compute_epsilon`` over ``compute_rdp`` (the pruning must not change it).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxrdp
+
+# (q, σ, T, δ): the usual regime, a larger q, large σ, q = 1, and small σ (optimal order
+# above 64, where the 129-node grid cannot certify the derivative).
+CASES = [(0.01, 1.1, 10_000.0, 1e-5), (0.05, 0.8, 2_000.0, 1e-6), (0.001, 5.0, 100.0, 1e-5),
+         (1.0, 3.0, 10.0, 1e-5), (0.2, 0.35, 100.0, 1e-5)]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_jitted_gradient_matches_the_eager_one(case):
+  f = lambda q, s, t, d: jaxrdp.dpsgd_epsilon(q, s, t, d)
+  args = tuple(jnp.asarray(v) for v in case)
+  eager = jax.value_and_grad(f, argnums=(0, 1, 2, 3))(*args)
+  jitted = jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2, 3)))(*args)
+  np.testing.assert_allclose(float(jitted[0]), float(eager[0]), rtol=1e-12)
+  for g_jit, g_eager in zip(jitted[1], eager[1]):
+    assert np.isfinite(float(g_jit))
+    np.testing.assert_allclose(float(g_jit), float(g_eager), rtol=1e-9)
+
+
+def _schedule(n, seed=0):
+  rng = np.random.default_rng(seed)
+  return (rng.uniform(0.005, 0.02, n), rng.uniform(0.8, 2.0, n),
+          rng.integers(1, 6, n).astype(np.float64))
+
+
+def test_a_long_traced_schedule_matches_the_eager_value_and_gradient():
+  q, sigma, t = _schedule(300)
+  f = lambda s: jaxrdp.dpsgd_epsilon(q, s, t, 1e-5)
+  eager = jax.value_and_grad(f)(sigma)
+  jitted = jax.jit(jax.value_and_grad(f))(jnp.asarray(sigma))
+  np.testing.assert_allclose(float(jitted[0]), float(eager[0]), rtol=1e-9)
+  np.testing.assert_allclose(np.asarray(jitted[1]), np.asarray(eager[1]), rtol=1e-8)
+
+
+def test_the_binned_search_keeps_the_whole_grid_minimum():
+  # Without refinement the traced ε of a long schedule is the minimum over every grid order
+  # of the composed RDP: the orders its bounds leave out cannot be the minimum.
+  q, sigma, t = _schedule(500, seed=1)
+  orders = jaxrdp.DEFAULT_ORDERS
+  rdp = np.sum(np.asarray(jaxrdp.compute_rdp(q, sigma, t, orders)), axis=0)
+  whole_grid = float(jaxrdp.compute_epsilon(orders, rdp, 1e-5)[0])
+  traced = jax.jit(lambda s: jaxrdp.dpsgd_epsilon(q, s, t, 1e-5, refine_order=False))(sigma)
+  np.testing.assert_allclose(float(traced), whole_grid, rtol=1e-12)
+  refined = float(jax.jit(lambda s: jaxrdp.dpsgd_epsilon(q, s, t, 1e-5))(sigma))
+  assert refined <= float(traced)
