@@ -1313,7 +1313,36 @@ def _log_j_shared(q, sigma, alphas, tangents, intervals=_SHARED_INTERVALS):
   return _where(failed, jnp.inf, log_j), _where(failed, 0.0, d_log_j)
 
 
-_TANGENT_INTERVALS = (_SHARED_INTERVALS, 16 * _SHARED_INTERVALS)   # grids of rdp_tangent_at_order
+_TANGENT_INTERVALS = (_SHARED_INTERVALS, 16 * _SHARED_INTERVALS)   # grids of _shared_tangents
+
+
+_FINE_ONLY = 1024   # (pair, order) elements up to which tangents take the 2049 nodes at once
+
+
+def _on_finer_grid_where_open(run, open_of, elements):
+  """``run(intervals)`` -> (log J, tangent) on 129 nodes, and where ``open_of(log J)`` says a
+  value is left open, again on 2049 (a ``lax.cond``: run only then). Up to _FINE_ONLY
+  ``elements`` on 2049 nodes at once: one copy of the kernel in the graph (the compile time
+  of a second is worth far more than the run time of 16x the nodes on so few)."""
+  if elements <= _FINE_ONLY:
+    return run(_TANGENT_INTERVALS[1])
+  first = run(_TANGENT_INTERVALS[0])
+  return lax.cond(jnp.any(open_of(first[0])), lambda _: run(_TANGENT_INTERVALS[1]),
+                  lambda _: first, None)
+
+
+def _shared_tangents(q, sigma, alphas, groups, tangents):
+  """(log J, its tangent) (n, m) of the orders of ``groups`` on shared nodes with tangents
+  (:func:`_shared_values`), on the grids of :func:`_on_finer_grid_where_open`; +inf (tangent
+  0) where even 2049 nodes cannot certify a value, and at every order outside ``groups``."""
+  grouped = np.zeros(alphas.shape[0], bool)
+  for g in groups:
+    grouped[list(g)] = True
+  run = lambda intervals: _shared_values(q, sigma, alphas, groups, tangents, intervals)
+  if not groups:
+    return run(_SHARED_INTERVALS)
+  return _on_finer_grid_where_open(run, lambda log_j: ~jnp.isfinite(log_j[:, grouped]),
+                                   q.shape[0] * int(grouped.sum()))
 
 
 def rdp_tangent_at_order(q, sigma, alpha, dq, dsigma):
@@ -1321,27 +1350,20 @@ def rdp_tangent_at_order(q, sigma, alpha, dq, dsigma):
   order ``alpha`` (a scalar, traced or not), without argument checks: the derivative that the
   envelope theorem needs at the optimal order of a conversion (Mironov, Talwar, Zhang 2019,
   Sec. 3; the tangent is the quadrature of the integrand's derivative, as in
-  :func:`_log_j_shared`). One grid of 129 shared nodes per pair, and where that cannot certify
-  every value, one of 2049 (a ``lax.cond``: run only then); ``certified`` is false where even
-  that could not (the value is then +inf and the tangent 0: a caller reports NaN there).
+  :func:`_log_j_shared`), on the grids of :func:`_on_finer_grid_where_open`; ``certified`` is
+  false where those could not certify the value (then +inf, tangent 0: a caller reports NaN).
   Integer and fractional orders alike, so that the graph holds one small kernel whatever the
   order turns out to be (the per-order kernel's derivative is ~5x its compile time)."""
-  dtype = q.dtype
-  alpha = jnp.broadcast_to(jnp.asarray(alpha, dtype), q.shape)
+  alpha = jnp.broadcast_to(jnp.asarray(alpha, q.dtype), q.shape)
   generic, q_g, s_g, a_g = _generic(q, sigma, alpha)
   zero = jnp.zeros_like(q)
   tangents = (_where(generic, dq, zero), _where(generic, dsigma, zero), zero[:, None])
 
-  def on_grid(intervals):
-    def run(_):
-      log_j, d_log_j = _log_j_shared(q_g, s_g, a_g[:, None], tangents, intervals)
-      return log_j[:, 0], d_log_j[:, 0]
-    return run
-
-  log_j, d_log_j = on_grid(_TANGENT_INTERVALS[0])(None)
-  open_ = generic & ~jnp.isfinite(log_j)
-  log_j, d_log_j = lax.cond(jnp.any(open_), on_grid(_TANGENT_INTERVALS[1]),
-                            lambda _: (log_j, d_log_j), None)
+  def run(intervals):   # one row per pair, with its own order
+    log_j, d_log_j = _log_j_shared(q_g, s_g, a_g[:, None], tangents, intervals)
+    return log_j[:, 0], d_log_j[:, 0]
+  log_j, d_log_j = _on_finer_grid_where_open(run, lambda v: generic & ~jnp.isfinite(v),
+                                             q.shape[0])
   rdp, d_rdp = jax.jvp(lambda q_, s_, l_: _terms(q_, s_, alpha, l_)[1], (q, sigma, log_j),
                        (dq, dsigma, d_log_j))
   return rdp, d_rdp, ~generic | jnp.isfinite(log_j)
@@ -1544,7 +1566,7 @@ def _log_j_levels(q, sigma, orders):
   return cell(packed[:, width:], 7)
 
 
-def _shared_values(q, sigma, alphas, groups, tangents=None):
+def _shared_values(q, sigma, alphas, groups, tangents=None, intervals=_SHARED_INTERVALS):
   """log J (n, m) of the orders of ``groups`` (static tuples of positions into ``alphas``, (m,))
   on shared nodes (:func:`_log_j_levels`), +inf at every other order; with ``tangents`` (of
   q, sigma (n,), alphas) values and tangents on one grid of 129 nodes (:func:`_log_j_shared`;
@@ -1564,8 +1586,8 @@ def _shared_values(q, sigma, alphas, groups, tangents=None):
     shared = (_in_row_blocks(lambda xs: _log_j_levels(*xs), -(-(n * n_groups) // blocks),
                              *as_rows(q, sigma, _order_block(lax.stop_gradient(alphas)[index]))),)
   else:
-    rows = max(1, _SHARED_ELEMENTS // (width * (_SHARED_INTERVALS + 1)))
-    shared = _in_row_blocks(lambda xs: _log_j_shared(*xs[:3], xs[3:]), rows,
+    rows = max(1, _SHARED_ELEMENTS // (width * (intervals + 1)))
+    shared = _in_row_blocks(lambda xs: _log_j_shared(*xs[:3], xs[3:], intervals), rows,
                             *as_rows(q, sigma, alphas[index]),
                             *as_rows(tangents[0], tangents[1], tangents[2][index]))
   # Each order's column among the rows' (pair, group, slot) values, or the fill column after
@@ -1645,9 +1667,10 @@ def _log_j_orders(q, sigma, alphas, groups, fallback):
 
 @_log_j_orders.defjvp
 def _log_j_orders_jvp(groups, fallback, primals, tangents):
-  if not fallback:
-    # Value and tangent on the shared nodes, in one pass (what is left open stays +inf).
-    return _shared_values(*primals, groups, tangents)
+  if not fallback or sum(len(g) for g in groups) == primals[2].shape[0]:
+    # Value and tangent on the shared nodes, in one pass (what is left open stays +inf): the
+    # per-order kernel's derivative is not in the graph.
+    return _shared_tangents(*primals, groups, tangents)
   # With the fallback, value and derivatives from the per-order kernel, which accumulates
   # the derivatives on its own nodes.
   n, m = primals[0].shape[0], primals[2].shape[0]
