@@ -20,6 +20,7 @@ Run:  python examples/optimize_schedule.py [--out schedule.png] [--iterations 15
 from __future__ import annotations
 
 import argparse
+import time
 
 import jax
 import jax.numpy as jnp
@@ -52,11 +53,19 @@ def main(argv=None):
       return jnp.sum(weight * sigma ** 2) / jnp.sum(weight)
 
     budget = float(jaxrdp.dpsgd_epsilon(q, constant, steps, args.delta))
+    print(f"budget (constant sigma={args.sigma}): epsilon = {budget:.5f} at delta = {args.delta}; "
+          f"optimising {k} phases for {args.iterations} iterations", flush=True)
+    start = time.perf_counter()
+
+    def progress(iteration, value):
+      if iteration == 1 or iteration % max(1, args.iterations // 5) == 0:
+        print(f"  iteration {iteration:4d}/{args.iterations}: U = {value:.5f} "
+              f"({time.perf_counter() - start:.1f} s)", flush=True)
+
     result = jaxrdp.optimize_schedule(utility, sampling_rate=q, noise_multiplier=constant,
                                       steps=steps, target_epsilon=budget, delta=args.delta,
-                                      num_iterations=args.iterations)
+                                      num_iterations=args.iterations, callback=progress)
     base_u, opt_u = float(utility(constant, q)), float(result.utility)
-    print(f"budget (constant sigma={args.sigma}): epsilon = {budget:.5f} at delta = {args.delta}")
     print(f"optimised schedule: epsilon = {float(result.epsilon):.5f} "
           f"(<= budget: {bool(result.epsilon <= budget)})")
     print(f"utility proxy U: constant {base_u:.5f}, optimised {opt_u:.5f} "
@@ -69,25 +78,26 @@ def main(argv=None):
     eps_const = jaxrdp.epsilon_trajectory(q, constant, steps, args.delta, at)
     eps_opt = jaxrdp.epsilon_trajectory(q, result.noise_multiplier, steps, args.delta, at)
     _plot(args.out, np.arange(k) * n, np.asarray(constant), np.asarray(result.noise_multiplier),
-          at, np.asarray(eps_const), np.asarray(eps_opt), base_u, opt_u, total)
+          at, np.asarray(eps_const), np.asarray(eps_opt), base_u, opt_u, total, args.delta)
   print(f"wrote {args.out}")
   return dict(budget=budget, epsilon=float(result.epsilon), constant_utility=base_u,
               optimised_utility=opt_u)
 
 
-def _plot(out, starts, constant, optimised, at, eps_const, eps_opt, base_u, opt_u, total):
+def _plot(out, starts, constant, optimised, at, eps_const, eps_opt, base_u, opt_u, total, delta):
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
   edges = np.append(starts, total)
-  left.stairs(constant, edges, label=f"constant (U = {base_u:.3f})")
-  left.stairs(optimised, edges, label=f"optimised (U = {opt_u:.3f})")
+  # baseline=None: no risers down to σ = 0 at the ends.
+  left.stairs(constant, edges, baseline=None, label=f"constant (U = {base_u:.3f})")
+  left.stairs(optimised, edges, baseline=None, label=f"optimised (U = {opt_u:.3f})")
   left.set(xlabel="step", ylabel="noise multiplier σ", title="schedules")
   left.legend()
   right.plot(at, eps_const, label="constant")
   right.plot(at, eps_opt, label="optimised")
-  right.set(xlabel="step", ylabel="ε (δ fixed)", title="ε after t steps")
+  right.set(xlabel="step", ylabel=f"ε at δ = {delta:g}", title="ε after t steps")
   right.legend()
   fig.tight_layout()
   fig.savefig(out, dpi=120)

@@ -17,8 +17,8 @@ same learning-rate and momentum on shuffled mini-batches) for comparison.
 
 Run from the repository root (needs scikit-learn and tqdm)::
 
-  PYTHONPATH=. python examples/train_dpsgd.py
-  PYTHONPATH=. python examples/train_dpsgd.py --epochs 20 --sigma 1.2 --batch-size 64
+  python examples/train_dpsgd.py
+  python examples/train_dpsgd.py --epochs 20 --sigma 1.2 --batch-size 64
 """
 
 from __future__ import annotations

@@ -29,8 +29,8 @@ library never does); the model's parameters and data stay float32.
 
 Run from the repository root (needs scikit-learn and tqdm; matplotlib for ``--plot``)::
 
-  PYTHONPATH=. python examples/train_dpsgd_pld.py
-  PYTHONPATH=. python examples/train_dpsgd_pld.py --epsilon 2 --epochs 20 --plot pld.png
+  python examples/train_dpsgd_pld.py
+  python examples/train_dpsgd_pld.py --epsilon 2 --epochs 20 --plot pld.png
 """
 
 from __future__ import annotations

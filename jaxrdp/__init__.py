@@ -5,8 +5,9 @@ accounting, schedules and the optax transforms on top.
 The library never changes ``jax_enable_x64``; it computes in the dtype it is given.
 """
 
-from jaxrdp.accounting.dpsgd import (calibrate_noise_multiplier, calibrate_sampling_rate,
-                                calibrate_steps, dpsgd_epsilon)
+from jaxrdp.accounting.calibration import (calibrate_noise_multiplier, calibrate_sampling_rate,
+                                           calibrate_steps)
+from jaxrdp.accounting.epsilon import dpsgd_epsilon
 from jaxrdp.mechanisms.closed_form import rdp_sampled_gaussian_closed_form
 from jaxrdp.accounting.composition import compute_rdp
 from jaxrdp.accounting.conversion import compute_delta, compute_epsilon

@@ -7,6 +7,7 @@ import pytest
 
 import jaxrdp
 from jaxrdp.accounting import dpsgd as accounting
+from jaxrdp.accounting import epsilon   # where the search's globals are looked up (patched)
 
 Q, SIGMA, T, DELTA = 0.01, 1.1, 10_000.0, 1e-5
 
@@ -162,14 +163,14 @@ def test_an_open_value_is_filled_by_the_per_order_quadrature(monkeypatch):
   grid = np.asarray(jaxrdp.DEFAULT_ORDERS)
   expected = [float(v) for v in accounting._concrete_epsilon(q, s, t, np.asarray(DELTA), grid, True)]
   calls = []
-  evaluate = accounting._grid_evaluation
+  evaluate = epsilon._grid_evaluation
 
   def leave_one_open(*args, **kwargs):
     rdp, pending, eps = evaluate(*args, **kwargs)
     calls.append(1)   # as if nothing could be certified: every value +inf and open
     return jnp.full_like(rdp, jnp.inf), jnp.ones_like(pending), jnp.full_like(eps, jnp.inf)
 
-  monkeypatch.setattr(accounting, "_grid_evaluation", leave_one_open)
+  monkeypatch.setattr(epsilon, "_grid_evaluation", leave_one_open)
   got = [float(v) for v in accounting._concrete_epsilon(q, s, t, np.asarray(DELTA), grid, True)]
   assert calls and got == pytest.approx(expected, rel=1e-12, abs=0)
 
@@ -208,10 +209,16 @@ def test_long_schedules_prune_orders_without_changing_epsilon(refine, monkeypatc
   sigma = rng.uniform(0.7, 2.0, n)
   t = rng.integers(1, 50, n).astype(float)
   grid = np.asarray(jaxrdp.DEFAULT_ORDERS)
-  assert n > accounting._BINNED_PHASES
+  assert n > epsilon._BINNED_PHASES
+  # Which search ran, so that a patch that did not take cannot pass as agreement.
+  binned, calls = epsilon._binned_search, []
+  monkeypatch.setattr(epsilon, "_binned_search", lambda *a: calls.append(1) or binned(*a))
   pruned = float(accounting._concrete_epsilon(q, sigma, t, np.asarray(1e-6), grid, refine)[0])
-  monkeypatch.setattr(accounting, "_BINNED_PHASES", np.inf)
+  assert calls
+  calls.clear()
+  monkeypatch.setattr(epsilon, "_BINNED_PHASES", np.inf)
   whole = float(accounting._concrete_epsilon(q, sigma, t, np.asarray(1e-6), grid, refine)[0])
+  assert not calls
   assert pruned == pytest.approx(whole, rel=1e-12 if not refine else 1e-9, abs=0)
 
 

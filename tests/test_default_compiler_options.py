@@ -96,15 +96,17 @@ def test_an_option_this_jaxlib_does_not_know_is_dropped(monkeypatch):
   np.testing.assert_array_equal(np.asarray(f(x + 1.0)), [3.5, 6.0, 8.5])
 
 
-def test_the_garbage_collector_is_paused_while_compiling_and_restored():
+def test_the_garbage_collector_is_paused_while_compiling_and_restored(monkeypatch):
   # Eager entry points trace and compile with Python's cyclic collector off (a full collection
   # during a first call costs ~50-60 ms), then restore it: on if it was on, off if the user
-  # had switched it off, also when the compilation fails.
+  # had switched it off, also when the compilation fails. (Only while no other Python thread
+  # runs, tests/test_dispatch.py; pytest-xdist's workers run threads of their own.)
   import gc
 
   import numpy as np
 
   from jaxrdp._internal import compilation
+  monkeypatch.setattr(compilation, "_other_threads", lambda: False)
   seen = []
 
   def traced(v):

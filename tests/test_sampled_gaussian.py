@@ -200,12 +200,13 @@ def test_jit_of_vmap_traces_each_kernel_once(monkeypatch):
   # for the flattened batch (not first for one unbatched element as well); their placeholder
   # primal (NaN) must never reach a result, also where only some arguments are batched. (A plain
   # vmap: test_jit_vmap_and_eager_agree.)
-  from jaxrdp.mechanisms import sampled_gaussian
+  # (Patched in the modules whose kernels look them up: curve and quadrature.)
+  from jaxrdp.mechanisms.sampled_gaussian import curve, quadrature
   traced = {"shared": [], "per_order": []}
-  shared, per_order = sampled_gaussian._quadrature_values, sampled_gaussian._log_j_flat
-  monkeypatch.setattr(sampled_gaussian, "_quadrature_values",
+  shared, per_order = curve._quadrature_values, quadrature._log_j_flat
+  monkeypatch.setattr(curve, "_quadrature_values",
                       lambda q, *a: traced["shared"].append(q.shape) or shared(q, *a))
-  monkeypatch.setattr(sampled_gaussian, "_log_j_flat",
+  monkeypatch.setattr(quadrature, "_log_j_flat",
                       lambda q, *a: traced["per_order"].append(q.shape) or per_order(q, *a))
   q = jnp.asarray([0.01, 0.2, 1e-3, 0.05, 0.3])
   sigma = jnp.asarray([1.1, 2.0, 0.8, 3.0, 1.7])

@@ -71,6 +71,21 @@ def test_epsilon_trajectory_equals_dpsgd_epsilon_of_prefixes():
   assert np.all(np.diff(traj) > 0)
 
 
+def test_callback_sees_every_iteration_and_the_history(budget):
+  seen = []
+  result = jaxrdp.optimize_schedule(utility, sampling_rate=Q, noise_multiplier=jnp.array([1.0, 1.0]),
+                                    steps=T, target_epsilon=budget, delta=DELTA, num_iterations=5,
+                                    callback=lambda i, u: seen.append((i, u)))
+  assert [i for i, _ in seen] == [1, 2, 3, 4, 5]
+  np.testing.assert_array_equal([u for _, u in seen], result.history)
+
+
+def test_a_callback_that_is_not_callable_is_refused(budget):
+  with pytest.raises(TypeError, match="callback"):
+    jaxrdp.optimize_schedule(utility, sampling_rate=Q, noise_multiplier=jnp.array([1.0, 1.0]),
+                             steps=T, target_epsilon=budget, delta=DELTA, callback=3)
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(target_epsilon=0.0), "target_epsilon"),
     (dict(target_epsilon=1.0, delta=1.5), "delta"),

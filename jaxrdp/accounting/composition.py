@@ -94,7 +94,7 @@ _PREPARED = set()   # signatures by_order_parts has prepared both programs for
 
 
 @functools.lru_cache(maxsize=64)
-def _order_parts(split, size):
+def order_parts(split, size):
   """((columns, split) of the other orders, (columns, split) of the exact sums) of a grid of
   ``size`` orders with ``split``; None unless it has both. Each part's split is the grid's,
   re-indexed (not recomputed from the values: a search moves its slots' orders between calls,
@@ -124,7 +124,7 @@ def by_order_parts(program, before, orders, split, tables, **kwargs):
   ``compute_rdp`` at the default orders takes ~0.1 s less on two cores, more on more. Each
   order's value is the whole grid's: its sum bucket and its group of shared nodes are the
   same in its part."""
-  halves = _order_parts(split, orders.size)
+  halves = order_parts(split, orders.size)
   if halves is None:
     return tuple(np.asarray(v) for v in program(*before, orders, split, tables, **kwargs))
   # The fractional orders' program, the larger, first: its compilation starts earliest.

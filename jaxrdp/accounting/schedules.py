@@ -34,15 +34,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrdp._internal import compilation
 from jaxrdp._internal import deprecation
-from jaxrdp._internal import loops
 from jaxrdp._internal import validation
-from jaxrdp.accounting.order_search import grid_epsilon
-from jaxrdp.accounting.dpsgd import (REFINE_STEPS, dpsgd_epsilon_unchecked, order_grid,
-                                     schedule_phases, schedule_rdp)
-from jaxrdp.accounting.composition import rdp_curve
-from jaxrdp.accounting.conversion import compute_epsilon
+from jaxrdp.accounting.dpsgd import dpsgd_epsilon_unchecked, order_grid, schedule_phases
 
 _PROJECTION_STEPS = 60   # at most this many evaluations of the final safe re-scaling
 
@@ -74,7 +68,8 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
                       target_epsilon: float, delta: float,
                       optimizer: optax.GradientTransformation | None = None,
                       num_iterations: int = 200,
-                      orders: jax.typing.ArrayLike | None = None) -> ScheduleResult:
+                      orders: jax.typing.ArrayLike | None = None,
+                      callback: Callable[[int, float], None] | None = None) -> ScheduleResult:
   r"""The noise schedule minimising ``utility`` whose DP-SGD ε is at most ``target_epsilon``.
 
   **Changed in 1.0:** the schedule is given in :func:`jaxrdp.dpsgd_epsilon`'s order (q, σ, T)
@@ -99,6 +94,8 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
     optimizer: an optax transformation acting on log σ (default ``optax.adam(0.05)``).
     num_iterations: optimiser iterations.
     orders: RDP orders (default :data:`jaxrdp.DEFAULT_ORDERS`).
+    callback: called as ``callback(iteration, utility)`` after each iteration (1-based, the
+      utility proxy on the budget boundary): progress reports, early logging.
 
   Returns:
     A :class:`ScheduleResult`; ``epsilon`` ≤ ``target_epsilon`` always holds.
@@ -114,6 +111,9 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
   if not callable(utility):
     raise TypeError(f"utility must be a callable utility(noise_multiplier, sampling_rate), got "
                     f"{type(utility).__name__}.")
+  if callback is not None and not callable(callback):
+    raise TypeError(f"callback must be a callable callback(iteration, utility) or None, got "
+                    f"{type(callback).__name__}.")
   validation.check_all(target_epsilon=target_epsilon, sampling_rate=sampling_rate, steps=steps,
                        delta=delta)
   validation.check("positive_noise_multiplier", noise_multiplier, name="noise_multiplier")
@@ -142,9 +142,11 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
   step = _make_step(utility, optimizer, q, t, delta, grid)
   opt_state = optimizer.init(theta)
   history = []
-  for _ in range(int(num_iterations)):
+  for iteration in range(1, int(num_iterations) + 1):
     theta, u, opt_state, value = step(theta, u, opt_state, log_target)
     history.append(float(value))
+    if callback is not None:
+      callback(iteration, history[-1])
   u = _safe_scale(theta, u, q, t, delta, grid, target_epsilon)
   sigma = jnp.exp(u + theta)
   eps = dpsgd_epsilon_unchecked(q, sigma, t, delta, grid, True)
@@ -265,20 +267,8 @@ def epsilon_trajectory(sampling_rate: jax.typing.ArrayLike, noise_multiplier: ja
   at = jnp.asarray(at_steps, q.dtype).reshape(-1)   # any shape: flat here, reshaped at the end
   starts = jnp.cumsum(t) - t
   prefix = jnp.clip(at[:, None] - starts[None, :], 0.0, t[None, :])
-  # The per-step curve (phases, orders), once: for concrete values and grid through the exact
-  # sums and shared nodes, outside the search's program (which would otherwise compile the
-  # per-order quadrature for it).
-  per_step = rdp_curve(q, sigma, 1.0, grid)
-  eps = _prefix_epsilon(q, sigma, prefix, jnp.asarray(delta, q.dtype), grid, per_step)
+  # Every prefix is a schedule of the same phases: dpsgd_epsilon's own search, batched over
+  # the prefixes (one program; its vmap flattens the prefixes' phases into one kernel call).
+  delta = jnp.asarray(delta, q.dtype)
+  eps = jax.vmap(lambda tt: dpsgd_epsilon_unchecked(q, sigma, tt, delta, grid, True))(prefix)
   return validation.nan_where_invalid(valid, eps.reshape(jnp.shape(at_steps)))
-
-
-@compilation.jit
-def _prefix_epsilon(q, sigma, prefix, delta, grid, per_step):
-
-  def one(tt):
-    rdp = jnp.sum(jnp.where(tt[:, None] > 0, tt[:, None] * per_step, 0.0), axis=0)
-    eps, order = compute_epsilon(grid, rdp, delta)
-    return grid_epsilon(lambda alphas: schedule_rdp(q, sigma, tt, alphas), grid, delta,
-                        refine_steps=REFINE_STEPS, initial=(eps, order))[0]
-  return loops.map(one, prefix)

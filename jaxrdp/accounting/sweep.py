@@ -51,7 +51,8 @@ from jax.sharding import Mesh, PartitionSpec
 from jaxrdp._internal import deprecation
 from jaxrdp._internal import loops
 from jaxrdp._internal import validation
-from jaxrdp.accounting.dpsgd import calibrate_sigma_unchecked, order_grid
+from jaxrdp.accounting.calibration import calibrate_sigma_unchecked
+from jaxrdp.accounting.epsilon import order_grid
 from jaxrdp.accounting.conversion import compute_epsilon
 from jaxrdp.mechanisms.sampled_gaussian import fill_pending, log_a_and_rdp_at_orders, order_split, order_tables
 

@@ -60,7 +60,7 @@ import optax
 from jaxrdp._internal import validation
 from jaxrdp.accounting import pld
 from jaxrdp.accounting.composition import rdp_curve
-from jaxrdp.accounting.dpsgd import use_pld
+from jaxrdp.accounting.epsilon import use_pld
 from jaxrdp.accounting.conversion import compute_epsilon
 from jaxrdp.training import accountant as rdp_accountant
 from jaxrdp.training.microbatch import ClippedGradSum, batch_size_of, clip_and_sum

@@ -1,0 +1,394 @@
+r"""Calibration of σ, q or the step count of DP-SGD to a target ε, on the safe side.
+
+Each calibration searches the ε of :mod:`jaxrdp.accounting.epsilon` on the order grid (so
+that its answer is reproducible with :func:`jaxrdp.compute_epsilon`): σ and q by the
+bracketed regula falsi of :mod:`jaxrdp.accounting.roots` in log σ or log q, the step count by
+integer bisection, and every answer returned is a point where ε ≤ target was checked. On a
+concrete grid every order goes through the grid's split (the per-order quadrature only where
+a value is left open), with the steps run from the host for concrete arguments
+(:func:`_host_calibration`); a traced grid takes the branch and bound. With
+``accountant="pld"`` the RDP answer is one end of a search on the PLD's ε
+(:func:`_pld_calibration`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrdp._internal import compilation
+from jaxrdp._internal import loops
+from jaxrdp._internal import validation
+from jaxrdp.accounting import composition
+from jaxrdp.accounting.composition import schedule_phases
+from jaxrdp.accounting import pld
+from jaxrdp.accounting.order_search import grid_epsilon
+from jaxrdp.accounting.conversion import compute_epsilon
+from jaxrdp.accounting.envelope import _concrete_split, _first_without_fallback
+from jaxrdp.accounting.epsilon import (_concrete_epsilons, _grid_values, _with_slots, order_grid,
+                                       schedule_rdp, use_pld)
+from jaxrdp.accounting.roots import _host_boundary, _safe_boundary
+
+_SIGMA_MIN, _SIGMA_MAX = 1e-4, 1e8   # noise multipliers searched
+_Q_MIN = 1e-12                       # smallest sampling rate searched
+
+
+def calibrate_noise_multiplier(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.ArrayLike,
+                               sampling_rate: jax.typing.ArrayLike, steps: jax.typing.ArrayLike, *,
+                               orders: jax.typing.ArrayLike | None = None,
+                               accountant: str = "rdp") -> jax.Array:
+  r"""Smallest noise multiplier σ in [1e-4, 1e8] whose ε is at most ``target_epsilon`` (safe side).
+
+  ε is non-increasing in σ; the answer is found in log σ on the grid-order ε (so that it is
+  reproducible with :func:`jaxrdp.compute_epsilon` on the same orders) by a bracketed,
+  safeguarded regula falsi (Illinois) to a bracket of 1e-9 relative (typically ~10
+  evaluations), and the returned σ is always a point where ε(σ) ≤ target was checked.
+  ``sampling_rate`` and ``steps`` may be schedules (1-D); σ is then one multiplier for all
+  phases. Jittable (and vmappable over targets). Eagerly, a target that no σ reaches raises
+  ``ValueError``; under jit it gives NaN.
+
+  Args:
+    target_epsilon: the ε to reach, > 0.
+    delta: δ in (0, 1).
+    sampling_rate: q in [0, 1], a scalar or a 1-D schedule (one entry per phase).
+    steps: steps ≥ 0, a scalar or a 1-D schedule (broadcasting with ``sampling_rate``).
+    orders: the order grid (default :data:`jaxrdp.DEFAULT_ORDERS`).
+    accountant: ``"rdp"`` (default) or ``"pld"`` (:func:`jaxrdp.pld_epsilon`: tight, so a
+      smaller σ for the same guarantee; float64, eager calls only). The PLD search starts
+      from the RDP answer (safe for PLD too) and returns a σ whose PLD ε, as
+      ``dpsgd_epsilon(..., accountant="pld")`` computes it, was checked to be ≤ the target,
+      within 1e-7 relative of the smallest such σ.
+
+  Returns:
+    σ, a scalar in the inputs' dtype (NaN under jit where no σ ≤ 1e8 reaches the target or
+    an argument lies outside its range).
+
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value), shapes that do not fit (named, with the shapes: the target and δ are scalars),
+      or a target that no σ ≤ 1e8 reaches.
+  """
+  validation.check_all(target_epsilon=target_epsilon, sampling_rate=sampling_rate, steps=steps,
+                       delta=delta)
+  validation.check_scalar(target_epsilon=target_epsilon, delta=delta)
+  validation.check_schedule(sampling_rate=sampling_rate, steps=steps)
+  if use_pld(accountant, orders=orders):
+    safe = calibrate_noise_multiplier(target_epsilon, delta, sampling_rate, steps)
+    return _pld_calibration("noise_multiplier", target_epsilon, delta, safe,
+                            sampling_rate=sampling_rate, steps=steps)
+  q, _, t = schedule_phases(sampling_rate, 1.0, steps)
+  grid = order_grid(orders, q.dtype)
+  valid = validation.all_in_domains(target_epsilon=target_epsilon, delta=delta,
+                                    sampling_rate=q, steps=t, orders=grid)
+  target, delta = (validation.to_device(v, q.dtype) for v in (target_epsilon, delta))
+  result = _calibrated(calibrate_sigma_unchecked, _calibrate_sigma_on_grid, target, delta, q, t, grid)
+  if validation.is_concrete(result) and np.isnan(np.asarray(result)):
+    raise ValueError(f"target_epsilon={float(target_epsilon)} is not reachable with any noise "
+                     "multiplier up to 1e8 for this schedule and delta.")
+  # Under jit, NaN for an argument outside its domain: the search would otherwise return an
+  # end of its bracket or a σ for a meaningless target (σ = 1e-4 for δ > 1), a plausible
+  # and unsafe answer.
+  return validation.nan_where_invalid(valid, result)
+
+
+def _calibrated(on_any_grid, on_concrete_grid, *args):
+  """A calibration's search: ``on_concrete_grid`` (every order through the grid's split; the
+  per-order quadrature only if a value is left open) where the grid (the last argument) is
+  concrete, ``on_any_grid`` (branch and bound) where it is traced."""
+  split = _concrete_split(args[-1])
+  if split is None:
+    return on_any_grid(*args)
+  if validation.is_concrete(args):
+    return _host_calibration(on_concrete_grid, *args)
+  return _first_without_fallback(functools.partial(on_concrete_grid, split=split[0]), *args, split[1])
+
+
+def _host_calibration(on_concrete_grid, target, delta, fixed, t, grid):
+  """A calibration with concrete arguments: the bracket's steps run from the host
+  (:func:`_host_boundary`), each ε one call of the program that dpsgd_epsilon's order search
+  runs (:func:`_concrete_epsilons`, the grid with its slots; open values filled on the host),
+  so that no search loop is compiled around the kernel and the two share one compilation.
+  The same searches as :func:`_sigma_search` and :func:`_q_search`."""
+  orders, split, tables = _with_slots(grid)
+  k = grid.shape[0]
+  dtype = fixed.dtype
+  target_ = float(target)
+  if on_concrete_grid is _calibrate_sigma_on_grid:
+    value_of = lambda s: np.exp(s).astype(dtype)   # σ = e^s
+    args_of = lambda v: (fixed, np.full(fixed.shape, v, dtype))   # host arrays, as schedule_phases
+    s0, s_min, s_max = 0.0, math.log(_SIGMA_MIN), math.log(_SIGMA_MAX)
+  else:
+    value_of = lambda s: np.exp(-s).astype(dtype)   # q = e^-s
+    args_of = lambda v: (np.full(fixed.shape, v, dtype), fixed)
+    s0, s_min, s_max = math.log(100.0), 0.0, -math.log(_Q_MIN)
+
+  def g(s):   # log(ε/target), non-increasing in s
+    eps = _concrete_epsilons(*args_of(value_of(s)), t, delta, orders, split, tables)[:k]
+    with np.errstate(divide="ignore"):
+      return np.log(np.min(eps) / target_)
+  s, found = _host_boundary(g, s0, s_min, s_max, dtype)
+  return validation.to_device(value_of(s) if found else np.nan, dtype)
+
+
+def _sigma_search(target, delta, q, t, grid_epsilon_of):
+  """The safe-side σ search on ε(σ) = grid_epsilon_of(σ) (returning (ε, open))."""
+  def g(log_sigma):   # log(ε/target), non-increasing in σ
+    eps, is_open = grid_epsilon_of(jnp.broadcast_to(jnp.exp(log_sigma), q.shape))
+    return jnp.log(eps / target), is_open
+  log_min, log_max = math.log(_SIGMA_MIN), math.log(_SIGMA_MAX)
+  s, found, is_open = _safe_boundary(g, jnp.zeros((), q.dtype), log_min, log_max)
+  return jnp.where(found, jnp.exp(s), jnp.nan), is_open
+
+
+@compilation.jit
+def calibrate_sigma_unchecked(target, delta, q, t, grid):
+  """σ search with the grid ε of the branch-and-bound search (any grid, also traced)."""
+  def eps_of(sigma):
+    return grid_epsilon(lambda alphas: schedule_rdp(q, sigma, t, alphas), grid, delta)[0], False
+  return _sigma_search(target, delta, q, t, eps_of)[0]
+
+
+def _search_work(arguments):
+  """Elements of one ε evaluation of a calibration: phases times orders (not the tables)."""
+  phases = arguments["q"].size if "q" in arguments else arguments["sigma"].size
+  return phases * arguments["grid"].size
+
+
+@functools.partial(compilation.jit, static_argnames=("split", "fallback"), work=_search_work)
+def _calibrate_sigma_on_grid(target, delta, q, t, grid, tables, fallback, split):
+  """(σ, open): σ search with every order of a concrete grid evaluated through its ``split``
+  (:func:`_grid_values`; the same ε as the branch and bound)."""
+  def eps_of(sigma):
+    eps, pending = _grid_values(q, sigma, t, delta, grid, split, tables, fallback)
+    return jnp.min(eps), jnp.any(pending)
+  return _sigma_search(target, delta, q, t, eps_of)
+
+
+def calibrate_sampling_rate(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.ArrayLike,
+                            noise_multiplier: jax.typing.ArrayLike, steps: jax.typing.ArrayLike, *,
+                            orders: jax.typing.ArrayLike | None = None,
+                            accountant: str = "rdp") -> jax.Array:
+  r"""Largest sampling rate q in (0, 1] whose ε is at most ``target_epsilon`` (safe side).
+
+  ε is non-decreasing in q; bracketed regula falsi in log q on the grid-order ε, to a bracket
+  of 1e-9 relative; the q returned was checked to meet the target. Returns 1 when even q = 1
+  meets the target. Eagerly, a target no q > 1e-12 reaches raises ``ValueError``; NaN under jit.
+
+  Args:
+    target_epsilon: the ε to reach, > 0.
+    delta: δ in (0, 1).
+    noise_multiplier: σ ≥ 0, a scalar or a 1-D schedule (one entry per phase).
+    steps: steps ≥ 0, a scalar or a 1-D schedule (broadcasting with ``noise_multiplier``).
+    orders: the order grid (default :data:`jaxrdp.DEFAULT_ORDERS`).
+    accountant: ``"rdp"`` (default) or ``"pld"`` (tight; float64, eager calls only; the q
+      returned was checked with ``dpsgd_epsilon(..., accountant="pld")``, within 1e-7
+      relative of the largest such q).
+
+  Returns:
+    q, a scalar in the inputs' dtype (NaN under jit where no q > 1e-12 reaches the target or
+    an argument lies outside its range).
+
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value), shapes that do not fit (named, with the shapes: the target and δ are scalars),
+      or a target that no q > 1e-12 reaches.
+  """
+  validation.check_all(target_epsilon=target_epsilon, noise_multiplier=noise_multiplier,
+                       steps=steps, delta=delta)
+  validation.check_scalar(target_epsilon=target_epsilon, delta=delta)
+  validation.check_schedule(noise_multiplier=noise_multiplier, steps=steps)
+  if use_pld(accountant, orders=orders):
+    safe = calibrate_sampling_rate(target_epsilon, delta, noise_multiplier, steps)
+    return _pld_calibration("sampling_rate", target_epsilon, delta, safe,
+                            noise_multiplier=noise_multiplier, steps=steps)
+  _, sigma, t = schedule_phases(0.5, noise_multiplier, steps)
+  grid = order_grid(orders, sigma.dtype)
+  valid = validation.all_in_domains(target_epsilon=target_epsilon, delta=delta,
+                                    noise_multiplier=sigma, steps=t, orders=grid)
+  target, delta = (validation.to_device(v, sigma.dtype) for v in (target_epsilon, delta))
+  result = _calibrated(_calibrate_q, _calibrate_q_on_grid, target, delta, sigma, t, grid)
+  if validation.is_concrete(result) and np.isnan(np.asarray(result)):
+    raise ValueError(f"target_epsilon={float(target_epsilon)} is not reachable with any sampling "
+                     "rate >= 1e-12 for this noise multiplier, step count and delta.")
+  # Under jit, NaN for an argument outside its domain: the search would otherwise return an
+  # end of its bracket (q = 1 for δ > 1), a plausible answer.
+  return validation.nan_where_invalid(valid, result)
+
+
+def _q_search(target, delta, sigma, grid_epsilon_of):
+  """The safe-side q search on ε(q) = grid_epsilon_of(q) (returning (ε, open))."""
+  def g(neg_log_q):   # log(ε/target), non-increasing in -log q
+    eps, is_open = grid_epsilon_of(jnp.broadcast_to(jnp.exp(-neg_log_q), sigma.shape))
+    return jnp.log(eps / target), is_open
+  s, found, is_open = _safe_boundary(g, jnp.asarray(math.log(100.0), sigma.dtype), 0.0,
+                                     -math.log(_Q_MIN))
+  return jnp.where(found, jnp.exp(-s), jnp.nan), is_open
+
+
+@compilation.jit
+def _calibrate_q(target, delta, sigma, t, grid):
+  """q search with the grid ε of the branch-and-bound search (any grid, also traced)."""
+  def eps_of(q):
+    return grid_epsilon(lambda alphas: schedule_rdp(q, sigma, t, alphas), grid, delta)[0], False
+  return _q_search(target, delta, sigma, eps_of)[0]
+
+
+@functools.partial(compilation.jit, static_argnames=("split", "fallback"), work=_search_work)
+def _calibrate_q_on_grid(target, delta, sigma, t, grid, tables, fallback, split):
+  """(q, open): q search with every order of a concrete grid evaluated through its split."""
+  def eps_of(q):
+    eps, pending = _grid_values(q, sigma, t, delta, grid, split, tables, fallback)
+    return jnp.min(eps), jnp.any(pending)
+  return _q_search(target, delta, sigma, eps_of)
+
+
+def calibrate_steps(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.ArrayLike,
+                    sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike, *,
+                    max_steps: int = 10 ** 9,
+                    orders: jax.typing.ArrayLike | None = None,
+                    accountant: str = "rdp") -> jax.Array:
+  r"""Largest whole number of steps whose ε is at most ``target_epsilon`` (safe side).
+
+  ε is non-decreasing in the step count; integer bisection on [0, max_steps]. Returns 0 when
+  not even one step meets the target (eagerly: ``ValueError``) and ``max_steps`` when all do.
+  Constant (scalar) ``sampling_rate`` and ``noise_multiplier`` only.
+
+  Args:
+    target_epsilon: the ε to reach, > 0.
+    delta: δ in (0, 1).
+    sampling_rate: q in [0, 1], a scalar.
+    noise_multiplier: σ ≥ 0, a scalar.
+    max_steps: the largest step count searched, ≥ 1 (static).
+    orders: the order grid (default :data:`jaxrdp.DEFAULT_ORDERS`).
+    accountant: ``"rdp"`` (default) or ``"pld"`` (tight; float64, eager calls only; the
+      count returned was checked with ``dpsgd_epsilon(..., accountant="pld")``).
+
+  Returns:
+    The step count, a scalar in the inputs' dtype (under jit: 0 where not even one step
+    meets the target, NaN where an argument lies outside its range).
+
+  Raises:
+    ValueError: an argument outside its range (the message names it, the range and the
+      value), an argument that is not a scalar (named, with its shape), or a target that not
+      even one step meets.
+  """
+  validation.check_all(target_epsilon=target_epsilon, sampling_rate=sampling_rate,
+                       noise_multiplier=noise_multiplier, delta=delta)
+  validation.check_scalar(target_epsilon=target_epsilon, delta=delta,
+                          sampling_rate=sampling_rate, noise_multiplier=noise_multiplier)
+  max_steps = validation.check_int("max_steps", max_steps, lo=1)
+  if use_pld(accountant, orders=orders):
+    try:
+      safe = calibrate_steps(target_epsilon, delta, sampling_rate, noise_multiplier,
+                             max_steps=max_steps)
+    except ValueError:   # not one step under RDP; the tighter PLD may still allow some
+      safe = 0.0
+    steps = _pld_calibration("steps", target_epsilon, delta, safe, sampling_rate=sampling_rate,
+                             noise_multiplier=noise_multiplier, max_steps=max_steps)
+    if float(steps) == 0:
+      raise ValueError(f"target_epsilon={float(target_epsilon)} is not reachable even with one "
+                       "step.")
+    return steps
+  q, sigma, _ = schedule_phases(sampling_rate, noise_multiplier, 1.0)
+  grid = order_grid(orders, q.dtype)
+  valid = validation.all_in_domains(target_epsilon=target_epsilon, delta=delta,
+                                    sampling_rate=q, noise_multiplier=sigma, orders=grid)
+  split = _concrete_split(grid) or (None, None)
+  if split[0] is not None and validation.is_concrete((q, sigma)):
+    # The per-step RDP through the grid's split (the per-order quadrature only if needed).
+    per_step = composition.rdp_curve(q, sigma, 1.0, grid)
+  else:
+    per_step = schedule_rdp(q, sigma, jnp.ones_like(q), grid)
+  lo = _calibrate_steps(jnp.asarray(target_epsilon, q.dtype), jnp.asarray(delta, q.dtype),
+                        per_step.reshape(grid.shape), grid, float(max_steps))
+  if validation.is_concrete(lo) and float(lo) == 0:
+    raise ValueError(f"target_epsilon={float(target_epsilon)} is not reachable even with one step.")
+  # Under jit, NaN for an argument outside its domain (the bisection alone would say 0 steps,
+  # which reads as "not even one step meets the target").
+  return validation.nan_where_invalid(valid, lo)
+
+
+@compilation.jit(static_argnames=("max_steps",))
+def _calibrate_steps(target, delta, per_step, grid, max_steps):
+  ok = lambda n: compute_epsilon(grid, per_step * n, delta)[0] <= target
+
+  def body(_, bracket):
+    lo, hi = bracket  # ok(lo) holds, ok(hi) does not (or hi = max + 1)
+    mid = jnp.floor((lo + hi) / 2)
+    good = ok(mid)
+    return jnp.where(good, mid, lo), jnp.where(good, hi, mid)
+  lo, hi = jnp.asarray(0.0, per_step.dtype), jnp.asarray(max_steps + 1, per_step.dtype)
+  lo, _ = loops.fori_loop(0, 64, body, (lo, hi))
+  return lo
+
+
+# ---------------------------------------------------------------------------------------------
+# Calibration with the PLD accountant.
+
+
+def _pld_calibration(unknown, target, delta, safe, max_steps=None, **fixed):
+  """The calibration of ``unknown`` (noise_multiplier, sampling_rate or steps) on the PLD ε.
+
+  ``safe`` is the RDP calibration's answer: RDP's ε bounds the PLD's (both are upper bounds of
+  the same ε, and the PLD's is the tight one), so it meets the target under PLD too and is
+  one end of the bracket. The other end is found by steps of 25 % away from it until the
+  target is missed (PLD typically needs 5–10 % less noise than RDP, so the bracket is narrow
+  and its grid often has the rounded sizes of the answer's: fewer compilations). One grid, sized for the widest schedule of the bracket, serves every evaluation
+  of the search (one compiled program: the value being calibrated is an argument, not a
+  shape); the search is the safe-side regula falsi of :func:`_host_boundary` in log σ or
+  log q, and a bisection for the step count. The answer is then checked with the grid that
+  ``dpsgd_epsilon(..., accountant="pld")`` sizes for it, and moved toward ``safe`` by 1e-7
+  relative (one step) until it meets the target there."""
+  values = {k: np.asarray(v, np.float64) for k, v in fixed.items()}
+  if not validation.is_concrete((target, delta, safe, values)):
+    raise ValueError("calibration with accountant='pld' runs eagerly (its grid sizes depend on "
+                     "the values); call it outside jax.jit.")
+  target, delta, safe = float(target), float(delta), float(safe)
+  as_schedule = {"noise_multiplier": lambda v: (values["sampling_rate"], v, values["steps"]),
+                 "sampling_rate": lambda v: (v, values["noise_multiplier"], values["steps"]),
+                 "steps": lambda v: (values["sampling_rate"], values["noise_multiplier"], v)}[unknown]
+  # ε grows with q and T and falls with σ: "outward" is the direction that raises ε.
+  outward = {"noise_multiplier": 0.8, "sampling_rate": 1.25, "steps": 1.25}[unknown]
+  limit = {"noise_multiplier": _SIGMA_MIN, "sampling_rate": 1.0,
+           "steps": float(max_steps or 0)}[unknown]
+  clip = min if outward > 1 else max
+
+  def epsilon(v, grid=None):
+    q, sigma, t = pld.checked_phases(*as_schedule(np.float64(v)), "calibration with accountant='pld'")
+    return float(pld.pld_epsilon_unchecked(q, sigma, t, np.float64(delta),
+                                           pld.grid_of(q, sigma, t, grid)))
+
+  far = safe
+  while True:   # the bracket's far end: the first value (steps of 25 %) that misses the target
+    nxt = clip(far * outward, limit)
+    if unknown == "steps":   # whole counts, at least one more (1.25·far rounds down to far)
+      nxt = float(min(max(math.floor(nxt), far + 1), limit))
+    grid = pld.grid_of(*pld.checked_phases(*as_schedule(np.float64(nxt)), "calibration"), None)
+    if nxt == far or epsilon(nxt, grid) > target:
+      break
+    far = nxt
+  if nxt == far:   # the limit itself meets the target (q = 1, max_steps, σ = 1e-4)
+    return validation.to_device(far, np.float64)
+  near, far = far, nxt
+  if unknown == "steps":
+    lo, hi = near, far   # ok(lo), not ok(hi)
+    while hi - lo > 1:
+      mid = math.floor((lo + hi) / 2)
+      lo, hi = (mid, hi) if epsilon(mid, grid) <= target else (lo, mid)
+    answer, step = lo, lambda v: v - 1
+  else:
+    sign = 1.0 if unknown == "noise_multiplier" else -1.0   # s grows toward "ok"
+    g = lambda s: math.log(epsilon(math.exp(sign * s), grid) / target)
+    ends = sorted((sign * math.log(near), sign * math.log(far)))
+    s, found = _host_boundary(g, np.float64(sign * math.log(near)), ends[0], ends[1], np.float64)
+    answer = math.exp(sign * float(s)) if found else near
+    step = lambda v: v * (1 + 1e-7) if unknown == "noise_multiplier" else v * (1 - 1e-7)
+  for _ in range(64):   # the check with dpsgd_epsilon's own grid for the answer
+    if epsilon(answer) <= target:
+      return validation.to_device(answer, np.float64)
+    answer = step(answer)
+  return validation.to_device(safe, np.float64)

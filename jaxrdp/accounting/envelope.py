@@ -1,0 +1,180 @@
+r"""The derivative of a DP-SGD schedule's ε: the envelope theorem at the optimal order.
+
+ε is the minimum over the orders of the conversion of the schedule's RDP, so its derivative
+is that of the conversion at the optimal order, held fixed (:func:`_envelope`, a custom JVP
+around the order search's result: the grid's values never enter the derivative's graph). The
+RDP at that order is differentiated in forward mode, every phase at once: through the split
+of that one order for concrete values (:func:`_concrete_gradient`, :func:`_gradient_at`,
+whose program :func:`_prepare_gradient` compiles while the search runs), on shared nodes
+otherwise (:func:`_epsilon_gradient`). Also the two concrete-grid helpers that the search
+and the calibrations share: :func:`_concrete_split` and :func:`_first_without_fallback`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+import numpy as np
+
+from jaxrdp._internal import compilation
+from jaxrdp._internal import validation
+from jaxrdp.accounting import composition
+from jaxrdp.mechanisms import sampled_gaussian
+from jaxrdp.accounting.conversion import epsilon_at_orders
+
+
+@jax.custom_jvp
+def _envelope(eps, best, q, sigma, t, delta):
+  """ε minimised over the orders, with the envelope-theorem derivative: the optimal order is
+  held fixed, so only ε at that one order is differentiated (the grid's values never enter
+  the derivative's graph, and a plain evaluation never computes it)."""
+  del best, q, sigma, t, delta
+  return eps
+
+
+def _envelope_jvp(primals, tangents):
+  eps, best, *args = primals
+  _, _, *dots = tangents
+  # Symbolic zeros: only the partial derivatives whose tangents are not known to be zero are
+  # computed (jax.grad w.r.t. sigma alone needs one direction of the RDP's derivative, not
+  # two, and its graph no batching over directions).
+  wanted = tuple(not isinstance(d, jax.custom_derivatives.SymbolicZero) for d in dots)
+  if not any(wanted):
+    return eps, jnp.zeros_like(eps)
+  grads = _concrete_gradient(best, *args, wanted=wanted)
+  if grads is None:
+    grads = _epsilon_gradient(best, *args, wanted=wanted)
+  pairs = tuple((g, d) for g, d, w in zip(grads, dots, wanted) if w)
+  return eps, _contract(*zip(*pairs)).astype(eps.dtype)
+
+
+_envelope.defjvp(_envelope_jvp, symbolic_zeros=True)
+
+
+@jax.jit
+def _contract(grads, dots):
+  """Σ <gradient, tangent>: one compiled linear map (eagerly, its transpose under jax.grad is
+  one program too, instead of a dozen single operations each compiled on its own)."""
+  return sum(jnp.sum(g * d) for g, d in zip(grads, dots))
+
+
+@functools.partial(compilation.jit, static_argnames=("wanted",))
+def _epsilon_gradient(best, q, sigma, t, delta, wanted=(True,) * 4):
+  """d ε / d(q, σ, T, δ) at the fixed order ``best`` (any order, traced or not): zero where no
+  order is usable, NaN where the RDP's derivative cannot be certified there. Forward mode, as
+  :func:`_gradient_at`: phase i's RDP depends on (q_i, σ_i) alone, so the two directions
+  (every q, every σ) are two tangents of one pass of
+  :func:`jaxrdp.mechanisms.sampled_gaussian.rdp_tangent_at_order` over the phases stacked
+  twice; only the ``wanted`` (static) directions are taken."""
+  usable = jnp.isfinite(best) & (best > 1)
+  alpha = jnp.where(usable, best, 2.0)
+  n = q.shape[0]
+  one, zero = jnp.ones_like(q), jnp.zeros_like(q)
+  directions = [d for d, w in zip(((one, zero), (zero, one)), wanted[:2]) if w] or [(zero, zero)]
+  stack = lambda v: jnp.concatenate([v] * len(directions))
+  rdp, d_rdp, certified = sampled_gaussian.rdp_tangent_at_order(
+      stack(q), stack(sigma), alpha, *(jnp.concatenate(d) for d in zip(*directions)))
+  rdp, d_rdp = rdp[:n], iter(d_rdp.reshape(len(directions), n))
+  d_q, d_sigma = (next(d_rdp) if w else zero for w in wanted[:2])
+  total = jnp.sum(jnp.where(t == 0, 0.0, t * rdp))
+  d_total, d_delta = jax.grad(lambda r, d: epsilon_at_orders(alpha[None], r, d)[0],
+                              argnums=(0, 1))(total, delta)
+  per_phase = lambda v: jnp.where(t == 0, 0.0, d_total * v)
+  grads = (per_phase(t * d_q), per_phase(t * d_sigma), per_phase(rdp), d_delta)
+  certified = jnp.all(certified | (stack(t) == 0))
+  return tuple(jnp.where(usable, jnp.where(certified, g, jnp.nan), 0.0) for g in grads)
+
+
+def _concrete_gradient(best, q, sigma, t, delta, wanted=(True,) * 4):
+  """:func:`_epsilon_gradient` for concrete values at a usable order, through the split of that
+  one order (the exact sum at an integer order, shared nodes at a fractional one up to 64,
+  whose derivatives come from the same pass), so that the per-order quadrature is compiled
+  only when a value is left open; None otherwise."""
+  if not validation.is_concrete((best, q, sigma, t, delta)):
+    return None
+  alpha = np.asarray(best).reshape(1)
+  if not (np.isfinite(alpha[0]) and alpha[0] > 1):
+    return None
+  split, tables = _concrete_split(alpha)
+  q, sigma, t, delta = (np.asarray(v) for v in (q, sigma, t, delta))   # as _prepare_gradient's
+  return _first_without_fallback(functools.partial(_gradient_at, split=split, wanted=wanted),
+                                 alpha, q, sigma, t, delta, tables)
+
+
+_LIKELY_ORDER = 1.5   # stands for any fractional order up to 64 (one shared-node group)
+
+
+def _prepare_gradient(q, sigma, t, delta, grid):
+  """Where ε is about to be differentiated eagerly (``jax.grad`` or ``jax.jvp`` of
+  ``dpsgd_epsilon`` outside ``jax.jit``: some arguments carry tangents, their values are
+  concrete), the derivative's program (:func:`_gradient_at`) is prepared before the search
+  runs, so that it compiles in the background while the search's programs are traced and
+  compiled, instead of after them. Its split depends on the order the search will find: it is
+  prepared for a fractional order up to 64, the usual optimum on the default orders (93 of
+  their 170 lie in (1, 11), a tenth apart); at another order the derivative compiles its own
+  program afterwards, as without this, and this one is not used (the derivative is the
+  same either way: the order is only known, and used, after the search). A traced ``grid``
+  takes the traced search and its own derivative: nothing is prepared then."""
+  wanted = tuple(isinstance(v, jax.core.Tracer) for v in (q, sigma, t, delta))
+  if not any(wanted) or not validation.is_concrete(grid):
+    return
+  values = tuple(lax.stop_gradient(v) for v in (q, sigma, t, delta))
+  if not validation.is_concrete(values):   # traced (jax.jit, jax.vmap): one graph, nothing to do
+    return
+  q, sigma, t, delta = (np.asarray(v) for v in values)
+  alpha = np.full(1, _LIKELY_ORDER, q.dtype)
+  split, tables = _concrete_split(alpha)
+  _gradient_at.prepare(alpha, q, sigma, t, delta, tables, False, split=split, wanted=wanted)
+
+
+@functools.partial(compilation.jit, static_argnames=("split", "fallback", "wanted"),
+                   work=lambda arguments: arguments["q"].size)
+def _gradient_at(alpha, q, sigma, t, delta, tables, fallback, split, wanted=(True,) * 4):
+  """(d ε / d(q, σ, T, δ) at the one order ``alpha`` with its ``split``, open). Forward mode:
+  phase i's RDP depends on (q_i, σ_i) alone, so two tangents (every q, every σ) give all its
+  partial derivatives, whatever the number of phases, and the graph holds no transpose.
+  ``wanted`` (static): which of the four are needed; only those directions are taken (the
+  others are returned as zeros)."""
+  def rdp_of(q_, s_):
+    out = composition.rdp_of_steps(q_, s_, jnp.ones_like(q_), alpha, split, tables,
+                                            fallback=fallback)
+    rdp, pending = (out, jnp.zeros(out.shape, bool)) if fallback else out
+    return rdp[:, 0], jnp.any(pending)
+  one, zero = jnp.ones_like(q), jnp.zeros_like(q)
+  directions = [d for d, w in zip(((one, zero), (zero, one)), wanted[:2]) if w]
+  if len(directions) == 2:
+    rdp, d_rdp, is_open = jax.vmap(
+        lambda dq, ds: jax.jvp(rdp_of, (q, sigma), (dq, ds), has_aux=True),
+        out_axes=(None, 0, None))(jnp.stack([one, zero]), jnp.stack([zero, one]))
+  elif directions:
+    rdp, d_rdp, is_open = jax.jvp(rdp_of, (q, sigma), directions[0], has_aux=True)
+    d_rdp = [d_rdp]
+  else:
+    (rdp, is_open), d_rdp = rdp_of(q, sigma), []
+  d_rdp = iter(d_rdp)
+  d_q, d_sigma = (next(d_rdp) if w else zero for w in wanted[:2])
+  total = jnp.sum(jnp.where(t == 0, 0.0, t * rdp))
+  d_total, d_delta = jax.grad(lambda r, d: epsilon_at_orders(alpha, r, d)[0], argnums=(0, 1))(total, delta)
+  per_phase = lambda v: jnp.where(t == 0, 0.0, d_total * v)
+  return (per_phase(t * d_q), per_phase(t * d_sigma), per_phase(rdp), d_delta), is_open
+
+
+def _first_without_fallback(fn, *args):
+  """fn(*args, fallback) for a function that returns (result, open): for concrete arguments
+  first without the per-order quadrature (rarely needed, so rarely compiled), again with it
+  only when a value was left open; inside a graph with it at once."""
+  if validation.is_concrete(args):
+    result, is_open = fn(*args, False)
+    if not bool(is_open):
+      return result
+  return fn(*args, True)[0]
+
+
+def _concrete_split(grid):
+  """(split, tables) of a concrete grid (:func:`jaxrdp.mechanisms.sampled_gaussian.order_split`), None for
+  a traced one."""
+  split = sampled_gaussian.order_split(grid)
+  return None if split is None else (split, sampled_gaussian.order_tables(grid, split))

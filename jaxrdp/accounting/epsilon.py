@@ -1,0 +1,466 @@
+r"""ε of a DP-SGD training schedule, differentiable.
+
+A schedule is a sequence of phases; phase i runs ``steps[i]`` steps of the Poisson-sampled
+Gaussian mechanism at ``sampling_rate[i]`` and ``noise_multiplier[i]``. RDP composes by
+addition (Mironov 2017, Prop. 1), so the schedule's RDP at order α is
+:math:`\sum_i T_i\,\varepsilon_{q_i,\sigma_i}(\alpha)`, and ε is its conversion to
+(ε, δ)-DP (:func:`jaxrdp.compute_epsilon`, minimised over the orders).
+
+Optimal order: after the grid, the order is refined continuously (8 orders per step in the
+bracket around the best grid order; the conversion is smooth and unimodal in α there). The
+result is the minimum of the grid value and the refined value: never looser than the grid,
+and never below the true RDP-based value, since every order gives a valid bound. Gradients
+follow the envelope theorem: the optimal order is held fixed (exact, since ε is minimised
+over it; :mod:`jaxrdp.accounting.envelope`).
+
+How it is evaluated: on a concrete grid (the default) every grid order goes through the exact
+sums and the shared nodes (:func:`jaxrdp.mechanisms.sampled_gaussian.log_a_and_rdp_at_orders`) and the
+refinement's orders through 8 extra slots of the same program (:func:`_search_orders` and
+:func:`_search_update`, driven from the host for concrete inputs, one loop in the graph for
+traced ones). Long schedules (more than 64 phases), traced or not, evaluate each phase only at
+the grid orders that bounds from the phases binned by σ leave in play, and refine in windows
+of 16 orders (:func:`_binned_search`, one program with static shapes). Calibrations
+(:mod:`jaxrdp.accounting.calibration`) run their safe-side search on the full evaluation, and
+the envelope gradient is taken at the one optimal order through its own split. The per-order
+quadrature is compiled only when something is left open (then it fills just those values). A
+traced grid uses the branch and bound of :mod:`jaxrdp.accounting.order_search` with the
+per-order quadrature: the same ε.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+import numpy as np
+
+from jaxrdp._internal import compilation
+from jaxrdp._internal import loops
+from jaxrdp._internal import validation
+from jaxrdp.accounting import composition
+from jaxrdp.accounting.composition import schedule_phases
+from jaxrdp.accounting import conversion
+from jaxrdp.mechanisms import sampled_gaussian
+from jaxrdp.accounting import order_search
+from jaxrdp.accounting import pld
+from jaxrdp.accounting.order_search import grid_epsilon
+from jaxrdp.accounting.conversion import epsilon_at_orders
+from jaxrdp.accounting.envelope import _concrete_split, _envelope, _prepare_gradient
+from jaxrdp.accounting.orders import DEFAULT_ORDERS
+
+REFINE_STEPS = 6         # refinement steps of 8 orders each (the bracket shrinks 4.5x per step)
+
+
+def order_grid(orders, dtype):
+  """The order grid (checked if given) as a 1-D array of ``dtype``."""
+  if orders is None:
+    orders = DEFAULT_ORDERS
+  else:
+    validation.check("orders", orders)
+  # A concrete grid stays a host array (also under an outer jax.jit, where a converted
+  # constant would be a tracer): its split into exact sums and shared nodes needs the values.
+  xp = np if validation.is_concrete(orders) else jnp
+  grid = xp.asarray(orders, dtype)
+  if grid.ndim > 1:
+    raise ValueError(f"orders must be a 1-D array of orders (or a scalar), got shape {grid.shape}.")
+  return grid.reshape(-1)
+
+
+def schedule_rdp(q, sigma, t, orders):
+  """Σ_i T_i RDP_i at each order (orders of any shape)."""
+  rdp = composition.rdp_of_steps(q, sigma, t, orders.reshape(-1))
+  return jnp.sum(rdp, axis=0).reshape(orders.shape)
+
+
+def _epsilon_at(q, sigma, t, delta, alpha):
+  """Improved conversion at each order of the 1-D array α (Balle et al. 2020, Thm. 21)."""
+  r = schedule_rdp(q, sigma, t, alpha)
+  return epsilon_at_orders(alpha, r, delta)
+
+
+def dpsgd_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
+                  steps: jax.typing.ArrayLike, delta: jax.typing.ArrayLike, *,
+                  orders: jax.typing.ArrayLike | None = None,
+                  refine_order: bool = True, method: str = "improved",
+                  accountant: str = "rdp", pld_grid: pld.PldGrid | None = None) -> jax.Array:
+  r"""ε of DP-SGD with Poisson sampling, for a constant or phased schedule.
+
+  Args:
+    sampling_rate: q, a scalar or a 1-D array (one entry per phase), in [0, 1].
+    noise_multiplier: σ, scalar or 1-D, ≥ 0.
+    steps: steps per phase, scalar or 1-D, ≥ 0. The three broadcast to one schedule.
+    delta: δ in (0, 1).
+    orders: the order grid (default :data:`jaxrdp.DEFAULT_ORDERS`).
+    refine_order: refine the best grid order continuously (never looser than the grid).
+    method: the conversion from RDP to (ε, δ). ``"improved"`` (the default; Balle et al. 2020,
+      Thm. 21, as dp_accounting) or ``"classic"``, ε = min_α RDP(α) + log(1/δ)/(α − 1)
+      (Mironov 2017, Prop. 3), what TF Privacy's tutorials and Abadi et al. 2016 reported: to
+      reconcile with published numbers. The classic value is taken on the order grid
+      (``refine_order`` does not apply) and is never smaller than the improved one.
+    accountant: ``"rdp"`` (the default: exact RDP at every order, the fastest path, float32
+      and float64) or ``"pld"``: the privacy-loss distribution of the schedule
+      (:func:`jaxrdp.pld_epsilon`), tight where RDP is loose (RDP's ε is 1.05–3.8x the
+      PLD's on random schedules, most at small q and ε ≲ 1), float64 only, steps whole
+      numbers. ``orders``, ``refine_order`` and ``method`` belong to the RDP accountant.
+    pld_grid: with ``accountant="pld"`` inside ``jax.jit``, the static grid sizes
+      (:func:`jaxrdp.pld_grid`); sized from the arguments otherwise.
+
+  Returns:
+    ε (a scalar in the inputs' dtype). Jittable; differentiable with respect to
+    ``sampling_rate``, ``noise_multiplier`` (every entry of a schedule), ``steps`` and
+    ``delta``, with exact envelope gradients at the optimal order. ε alone, not
+    :func:`jaxrdp.compute_epsilon`'s ``(ε, order)`` pair: ε is what is differentiated,
+    calibrated and optimised (``jax.grad`` needs a scalar output), and the order it was
+    minimised over is an internal of the search (with ``refine_order`` it lies between grid
+    orders). The grid order, when wanted: ``compute_epsilon(orders, rdp, delta)`` with ``rdp``
+    the sum over phases of ``compute_rdp(sampling_rate, noise_multiplier, steps, orders)``;
+    its ε is this function's with ``refine_order=False`` (up to rounding). Under ``jax.jit``
+    (where the range checks cannot run) NaN when an argument lies outside its range, with
+    either accountant.
+
+  Raises:
+    ValueError: an argument outside its range (named, with the range and the value), shapes
+      that are not one schedule or a ``delta`` that is not a scalar (named, with the shapes),
+      or an unknown ``method``.
+
+  References:
+    Abadi et al. 2016 (DP-SGD); Mironov, Talwar, Zhang 2019 (RDP of the sampled Gaussian);
+    Balle et al. 2020, Thm. 21 (conversion); Mironov 2017, Prop. 3 (classic conversion).
+  """
+  validation.check_choice("method", method, conversion.METHODS)
+  validation.check_all(sampling_rate=sampling_rate, noise_multiplier=noise_multiplier,
+                       steps=steps, delta=delta)
+  validation.check_scalar(delta=delta)   # ε of several δ: jax.vmap
+  if use_pld(accountant, orders=orders, refine_order=refine_order, method=method,
+              pld_grid=pld_grid):
+    return pld.pld_epsilon(sampling_rate, noise_multiplier, steps, delta, pld_grid=pld_grid)
+  q, sigma, t = schedule_phases(sampling_rate, noise_multiplier, steps)
+  grid = order_grid(orders, q.dtype)
+  # Under jit the checks above do not see the values: an argument outside its domain gives
+  # NaN (the RDP of an invalid q or σ is NaN, which the order search would skip as no
+  # information and report +inf or the other phases' ε).
+  valid = validation.all_in_domains(sampling_rate=q, noise_multiplier=sigma, steps=t,
+                                    delta=delta, orders=grid)
+  delta = validation.to_device(delta, q.dtype)
+  if method == "classic":
+    rdp = jnp.sum(composition.rdp_curve(q, sigma, t, grid), axis=0)
+    eps = jnp.min(epsilon_at_orders(grid, rdp, delta, method))
+  else:
+    eps = dpsgd_epsilon_unchecked(q, sigma, t, delta, grid, refine_order)
+  return validation.nan_where_invalid(valid, eps)
+
+
+ACCOUNTANTS = ("rdp", "pld")
+_RDP_DEFAULTS = {"orders": None, "refine_order": True, "method": "improved", "max_steps": None}
+
+
+def use_pld(accountant, pld_grid=None, **rdp_options) -> bool:
+  """Whether ``accountant`` is "pld" (ValueError for another name, for RDP options given with
+  the PLD accountant, and for a PLD grid given with the RDP one: nothing is ignored)."""
+  validation.check_choice("accountant", accountant, ACCOUNTANTS)
+  if accountant == "pld":
+    given = [k for k, v in rdp_options.items() if v is not _RDP_DEFAULTS[k]
+             and not (k == "method" and v == "improved")]
+    if given:
+      raise ValueError(f"{', '.join(given)} apply to accountant='rdp' only; "
+                       f"accountant='pld' got {', '.join(f'{k}={rdp_options[k]!r}' for k in given)}.")
+    return True
+  if pld_grid is not None:
+    raise ValueError("pld_grid applies to accountant='pld' only.")
+  return False
+
+
+def dpsgd_epsilon_unchecked(q, sigma, t, delta, grid, refine_order):
+  """dpsgd_epsilon without argument checks (phase arrays of one dtype). The order search is
+  compiled on its own; the envelope derivative is attached outside it, so that a derivative
+  taken eagerly (``jax.grad`` of this function) compiles two smaller graphs with the CPU
+  option of :mod:`jaxrdp._internal.compilation` rather than one large graph without it."""
+  sg = lax.stop_gradient
+  _prepare_gradient(q, sigma, t, delta, grid)
+  found = _concrete_epsilon(sg(q), sg(sigma), sg(t), sg(delta), grid, refine_order)
+  if found is None:
+    found = _search_epsilon(sg(q), sg(sigma), sg(t), sg(delta), grid, refine_order)
+  eps, best = found
+  return _envelope(eps, best, q, sigma, t, delta)
+
+
+def _with_slots(grid):
+  """(orders, split, tables) for a concrete grid: the grid followed by _BATCH slots for the
+  refinement's orders (placeholders here), with the split of the grid plus one shared-node
+  group for the slots; None for a traced grid. Every step of the search then evaluates the
+  same program: the grid and the slots together."""
+  split = sampled_gaussian.order_split(grid)
+  if split is None:
+    return None
+  k = grid.shape[0]
+  slots = tuple(range(k, k + order_search.BATCH))
+  split = sampled_gaussian.OrderSplit(split.sums, split.shared + (slots,))
+  orders = np.concatenate([np.asarray(grid), np.linspace(1.5, 2.5, len(slots), dtype=grid.dtype)])
+  return orders, split, sampled_gaussian.order_tables(grid, split)
+
+
+def _work(arguments):
+  """Elements of one evaluation of the grid: phases times orders."""
+  return arguments["q"].size * arguments["orders"].size
+
+
+def _grid_values(q, sigma, t, delta, orders, split, tables, fallback):
+  """ε (NaN as +inf) at each of ``orders`` for the schedule, and which orders were left open
+  (only without ``fallback``, which leaves out the per-order quadrature)."""
+  out = composition.rdp_of_steps(q, sigma, t, orders, split, tables, fallback=fallback)
+  rdp, pending = (out, jnp.zeros(out.shape, bool)) if fallback else out
+  return _composed_epsilons(orders, rdp, delta), jnp.any(pending, axis=0)
+
+
+def _search_orders(state, orders, xp):
+  """The orders one step of the search evaluates: the grid and its slots, which hold the
+  refinement's orders after step 0. ``xp``: jax.numpy in a graph, numpy on the host."""
+  k = orders.shape[0] - order_search.BATCH
+  inside = order_search.refinement_orders(state[3], state[4], xp)
+  if xp is np:
+    slotted = orders.copy()
+    slotted[k:] = inside
+  else:
+    slotted = orders.at[k:].set(inside)
+  return xp.where(state[0] == 0, orders, slotted)
+
+
+def _search_update(state, eps, pending, orders, refine_steps, xp):
+  """The search's state after a step with ε ``eps`` and open flags ``pending`` at the orders
+  of :func:`_search_orders`. Step 0 takes the best grid order and brackets the refinement
+  between its grid neighbours; each later step keeps the best of the _BATCH refinement orders
+  and narrows the bracket (:mod:`jaxrdp.accounting.order_search`, the same rules as the branch-and-bound
+  search). ``state``: (step, best ε, its order, bracket lo, hi, open, go): ``open`` says a
+  value that could matter was left open, ``go`` that another step is due."""
+  step, best, best_alpha, lo, hi, is_open, _ = state
+  k = orders.shape[0] - order_search.BATCH
+  grid = orders[:k]
+  usable = xp.isfinite(grid) & (grid > 1)
+  inside = order_search.refinement_orders(lo, hi, xp)
+  i = xp.argmin(eps[:k])
+  eps_new = eps[k:]
+  j = xp.argmin(eps_new)
+  better = eps_new[j] < best
+  first = step == 0
+  best_alpha = xp.where(first, grid[i], xp.where(better, inside[j], best_alpha))
+  best = xp.where(first, eps[i], xp.where(better, eps_new[j], best))
+  start = order_search.bracket_of(grid, usable, best_alpha, xp)
+  new = order_search.refined_bracket(lo, hi, inside, eps_new, xp)
+  lo, hi = (xp.where(first, a, b) for a, b in zip(start, new))
+  is_open = is_open | xp.where(first, xp.any(pending[:k]), xp.any(pending[k:]))
+  refinable = xp.isfinite(best) & xp.isfinite(best_alpha) & (best_alpha > 1) & xp.any(usable)
+  return step + 1, best, best_alpha, lo, hi, is_open, (step < refine_steps) & refinable
+
+
+def _search_start(dtype):
+  one = np.ones((), dtype)
+  return (np.zeros((), np.int32), np.inf * one, np.nan * one, one, one, np.zeros((), bool),
+          np.ones((), bool))
+
+
+def _search_result(state, delta, xp):
+  _, eps, best, _, _, is_open, _ = state
+  found = xp.isfinite(best) & (best > 1) & xp.isfinite(eps)
+  eps = xp.where(validation.in_domain("delta", delta), eps, xp.nan).astype(best.dtype)
+  return eps, xp.where(found, best, xp.nan).astype(best.dtype), is_open
+
+
+@functools.partial(compilation.jit, static_argnames=("refine_steps", "split"), work=_work)
+def _grid_search(q, sigma, t, delta, orders, split, tables, refine_steps):
+  """(ε, its order) of :func:`_search_epsilon` on a concrete grid (``orders``, ``split``,
+  ``tables`` from :func:`_with_slots`), every step in one loop, with the per-order
+  quadrature for whatever the sums and shared nodes leave open."""
+  # A host grid becomes a graph constant here: when this function is inlined into an outer
+  # trace (jax.jit(jax.vmap(f)), see jaxrdp._internal.compilation) it arrives as NumPy.
+  orders = jnp.asarray(orders)
+  evaluate = _evaluation_outside_the_loop(q, sigma, t, delta, orders, split, tables)
+
+  def step(state):
+    alphas = _search_orders(state, orders, jnp)
+    eps, pending = evaluate(alphas)
+    return _search_update(state, eps, pending, orders, refine_steps, jnp)
+  state = jax.tree_util.tree_map(jnp.asarray, _search_start(orders.dtype))
+  # Without refinement one step: no loop around the kernel (XLA compiles a kernel inside a
+  # loop ~1.5x slower).
+  state = step(state) if refine_steps == 0 else loops.while_loop(lambda st: st[-1], step, state)
+  return _search_result(state, delta, jnp)[:2]
+
+
+def _evaluation_outside_the_loop(q, sigma, t, delta, orders, split, tables):
+  """``evaluate(alphas)`` -> (ε, open) of :func:`_grid_values` at the orders of a search step
+  (``alphas``: ``orders`` with the slots' values changed), with the exact sums of the integer
+  orders, which do not change between steps, computed once here: a search loop holds only
+  the shared nodes (the kernel in a loop compiles slower, and the sums need not run again)."""
+  parts = composition.order_parts(split, orders.shape[0])
+  if parts is None:
+    return lambda alphas: _grid_values(q, sigma, t, delta, alphas, split, tables, fallback=True)
+  (rest, rest_split), (summed, sums_split) = parts
+  eps_sums, open_sums = _grid_values(q, sigma, t, delta, orders[summed], sums_split, tables,
+                                     fallback=True)
+  back = np.argsort(np.concatenate([summed, rest]))   # each order's place among the two parts
+
+  def evaluate(alphas):
+    eps, is_open = _grid_values(q, sigma, t, delta, alphas[rest], rest_split, (), fallback=True)
+    return (jnp.concatenate([eps_sums, eps])[back],
+            jnp.concatenate([open_sums, is_open])[back])
+  return evaluate
+
+
+def _concrete_epsilon(q, sigma, t, delta, grid, refine_order):
+  """(ε, order) of :func:`_search_epsilon` where the grid is concrete (None otherwise): every
+  grid order is evaluated (the exact sums and shared nodes make that cheaper than the branch
+  and bound of the per-order quadrature), then the same refinement. For concrete inputs the
+  steps run from the host (compiling a loop and the search's logic around the kernel costs
+  XLA ~0.3 s more), each evaluation one call of the program of ``compute_rdp`` (values left
+  open filled on the host, :func:`_concrete_epsilons`). Traced inputs: :func:`_grid_search`.
+  Schedules of more than _BINNED_PHASES phases: :func:`_binned_search`, traced or not."""
+  slotted = _with_slots(grid)
+  if slotted is None:
+    return None
+  orders, split, tables = slotted
+  steps = REFINE_STEPS if refine_order and grid.shape[0] >= 2 else 0
+  if q.shape[0] > _BINNED_PHASES:   # traced or not: one program
+    ascending = np.sort(grid)   # a window's orders ascend (one group of shared nodes)
+    split, tables = _concrete_split(ascending)
+    return _binned_search(q, sigma, t, delta, ascending, split, tables,
+                          _WINDOW_REFINE_STEPS if steps else 0)
+  if not validation.is_concrete((q, sigma, t, delta)):
+    return _grid_search(q, sigma, t, delta, orders, split, tables, steps)
+  state = _search_start(orders.dtype)
+  while state[-1]:
+    alphas = _search_orders(state, orders, np)
+    eps = _concrete_epsilons(q, sigma, t, delta, alphas, split, tables)
+    state = _search_update(state, eps, np.zeros(eps.shape, bool), orders, steps, np)
+  eps, best, _ = _search_result(state, np.asarray(delta), np)
+  return validation.to_device(eps), validation.to_device(best)
+
+
+_BOUND_BINS = 64   # bins of phases whose bounds decide which grid orders a long schedule needs
+_BINNED_PHASES = _BOUND_BINS   # schedules with more phases: _binned_search
+_WINDOW = 16       # orders per step of _binned_search (one group of shared nodes)
+_WINDOW_REFINE_STEPS = 4   # its refinement steps (the bracket shrinks 8.5x per step)
+
+
+def _phase_bins(q, sigma, t):
+  """(q, σ, T) of 2 * _BOUND_BINS pairs: the phases sorted by σ and cut into _BOUND_BINS equal
+  bins (static sizes), each bin's steps at (its largest q, its smallest σ), then at (its
+  smallest q, its largest σ). RDP is non-decreasing in q and non-increasing in σ (Mironov,
+  Talwar, Zhang 2019), so the first half bounds the schedule's RDP from above at every
+  order and the second from below. Phases with no steps take no part; a bin without steps
+  is a neutral pair (q = 1/2, σ = 1, no steps)."""
+  p, bins = q.shape[0], _BOUND_BINS
+  size = -(-p // bins)
+  order = jnp.argsort(sigma, stable=True)
+  pad = lambda v, fill: jnp.concatenate([v[order], jnp.full((size * bins - p,), fill, v.dtype)])
+  qs, ss, ts = (pad(v, f).reshape(bins, size) for v, f in ((q, 0.0), (sigma, 1.0), (t, 0.0)))
+  live = ts > 0
+  extreme = lambda v, fn, fill: fn(jnp.where(live, v, fill), axis=1)
+  steps = jnp.sum(ts, axis=1)
+  empty = steps == 0
+  neutral = lambda v, fill: jnp.where(empty, fill, v)
+  q_pairs = jnp.concatenate([neutral(extreme(qs, jnp.max, 0.0), 0.5),
+                             neutral(extreme(qs, jnp.min, 1.0), 0.5)])
+  s_pairs = jnp.concatenate([neutral(extreme(ss, jnp.min, jnp.inf), 1.0),
+                             neutral(extreme(ss, jnp.max, 0.0), 1.0)])
+  return q_pairs, s_pairs, jnp.concatenate([steps, steps])
+
+
+@functools.partial(compilation.jit, static_argnames=("split", "refine_steps"))
+def _binned_search(q, sigma, t, delta, grid, split, tables, refine_steps):
+  """(ε, its order) of a long traced schedule on a concrete grid, in static shapes.
+
+  The bounds of :func:`_phase_bins` give an upper and a lower bound of ε at every grid order
+  (one evaluation of the grid for 2 * _BOUND_BINS pairs). Then one loop, each step evaluating
+  every phase at _WINDOW orders (one group of shared nodes; a value it cannot certify is
+  +inf, never smaller): first the grid orders whose lower bound is below the best ε found,
+  _WINDOW at a time, smallest bound first (usually one step: they lie around the optimum),
+  then ``refine_steps`` steps of _WINDOW equally spaced orders inside the bracket of the best
+  order (:mod:`jaxrdp.accounting.order_search`'s rules). Every order left out has a lower
+  bound at least the ε returned, and every ε returned is ε at an evaluated order."""
+  k = grid.shape[0]
+  grid = jnp.asarray(grid)
+  bq, bs, bt = _phase_bins(q, sigma, t)
+  rdp, pending = composition.rdp_of_steps(bq, bs, bt, grid, split, tables, fallback=False)
+  half = _BOUND_BINS
+  lower = _composed_epsilons(grid, jnp.where(pending[half:], 0.0, rdp[half:]), delta)
+  usable = jnp.isfinite(grid) & (grid > 1)
+  window = sampled_gaussian.OrderSplit(None, (tuple(range(_WINDOW)),))
+  fractions = jnp.arange(1, _WINDOW + 1, dtype=grid.dtype) / (_WINDOW + 1)
+  big = jnp.finfo(grid.dtype).max
+
+  def body(state):
+    best, alpha, lo, hi, known, refined = state
+    candidates = ~known & usable & (lower < best)
+    searching = jnp.any(candidates)
+    key = jnp.where(candidates, jnp.clip(lower, -big, big), jnp.inf)
+    pick = jnp.sort(lax.top_k(-key, _WINDOW)[1])   # the grid ascends: so do the orders
+    inside = lo + (hi - lo) * fractions
+    orders = jnp.where(searching, grid[pick], inside)
+    r = composition.rdp_of_steps(q, sigma, t, orders, window, None, fallback=False)[0]
+    eps = _composed_epsilons(orders, r, delta)
+    eps = jnp.where(searching & ~candidates[pick], jnp.inf, eps)   # fillers of the last window
+    j = jnp.argmin(eps)
+    better = eps[j] < best
+    best, alpha = jnp.where(better, eps[j], best), jnp.where(better, orders[j], alpha)
+    start = order_search.bracket_of(grid, usable, alpha)
+    points = jnp.concatenate([lo[None], inside, hi[None]])
+    m = jnp.argmin(jnp.concatenate([jnp.full((1,), jnp.inf, eps.dtype), eps,
+                                    jnp.full((1,), jnp.inf, eps.dtype)]))
+    new = points[jnp.maximum(m - 1, 0)], points[jnp.minimum(m + 1, _WINDOW + 1)]
+    lo, hi = (jnp.where(searching, a, b) for a, b in zip(start, new))
+    known = known | (searching & jnp.zeros_like(known).at[pick].set(True))
+    return best, alpha, lo, hi, known, refined + (~searching).astype(jnp.int32)
+
+  def cond(state):
+    best, alpha, _, _, known, refined = state
+    searching = jnp.any(~known & usable & (lower < best))
+    refinable = jnp.isfinite(best) & jnp.isfinite(alpha) & (alpha > 1)
+    return searching | ((refined < refine_steps) & refinable)
+
+  one = jnp.ones((), grid.dtype)
+  state = (jnp.inf * one, jnp.nan * one, one, one, ~usable, jnp.zeros((), jnp.int32))
+  best, alpha, *_ = loops.while_loop(cond, body, state)
+  eps = jnp.where(validation.in_domain("delta", delta), best, jnp.nan)
+  found = jnp.isfinite(alpha) & (alpha > 1) & jnp.isfinite(best)
+  return eps, jnp.where(found, alpha, jnp.nan)
+
+
+def _concrete_epsilons(q, sigma, t, delta, orders, split, tables):
+  """ε (NaN as +inf) at each of the concrete ``orders`` for the schedule: one compiled program
+  without the per-order quadrature (:func:`_grid_evaluation`); what it leaves open (rare) is
+  filled on the host (:func:`jaxrdp.mechanisms.sampled_gaussian.fill_pending`: compiled only then) and
+  converted again."""
+  rdp, pending, eps = composition.by_order_parts(_grid_evaluation, (q, sigma, t, delta),
+                                                 orders, split, tables)
+  if pending.any():
+    rdp = sampled_gaussian.fill_pending(rdp, pending, q, sigma, orders, t)
+    eps = jax.jit(_composed_epsilons)(orders, rdp, delta)
+  return np.asarray(eps)
+
+
+def _composed_epsilons(orders, rdp, delta):
+  eps = epsilon_at_orders(orders, jnp.sum(rdp, axis=0), delta)
+  return jnp.where(jnp.isnan(eps), jnp.inf, eps)
+
+
+@functools.partial(compilation.jit, static_argnames=("split",), work=_work)
+def _grid_evaluation(q, sigma, t, delta, orders, split, tables):
+  """(RDP per phase and order, which are left open, ε of the composition at each order) for
+  a concrete grid: the exact sums and shared nodes, without the per-order quadrature."""
+  rdp, pending = composition.rdp_of_steps(q, sigma, t, orders, split, tables, fallback=False)
+  return rdp, pending, _composed_epsilons(orders, rdp, delta)   # rdp: only read when filled
+
+
+@compilation.jit(static_argnames=("refine_order",))
+def _search_epsilon(q, sigma, t, delta, grid, refine_order):
+  """(ε, the order attaining it, NaN where no order is usable); ε is NaN for δ outside (0, 1)
+  (under jit the eager checks do not run)."""
+  steps = REFINE_STEPS if refine_order and grid.shape[0] >= 2 else 0
+  eps, best = grid_epsilon(lambda alphas: schedule_rdp(q, sigma, t, alphas), grid, delta,
+                           refine_steps=steps)
+  finite = jnp.isfinite(grid) & (grid > 1)
+  usable = finite.any() & jnp.isfinite(best) & (best > 1) & jnp.isfinite(eps)
+  eps = jnp.where(validation.in_domain("delta", delta), eps, jnp.nan)
+  return eps, jnp.where(usable, best, jnp.nan)

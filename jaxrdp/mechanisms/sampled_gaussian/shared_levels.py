@@ -1,0 +1,219 @@
+r"""log J on shared nodes, values only: nested grids refined where needed, in one loop.
+
+Every second node of the 129-node grid first; a row with an order that cannot be certified
+yet gets the midpoints, level by level (129, 257, ..., 4097 nodes), only where needed; all of
+it in one ``lax.while_loop`` with the integrand traced once (:func:`_log_j_levels`), each
+order certified as in the per-order kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax.numpy as jnp
+from jax import lax
+import numpy as np
+
+from jaxrdp._internal import loops
+from jaxrdp.mechanisms.sampled_gaussian.common import _LOG_HALF, _exp_floor, _select_columns, _where
+from jaxrdp.mechanisms.sampled_gaussian.quadrature import _assess
+from jaxrdp.mechanisms.sampled_gaussian.shared_nodes import (_SHARED_INTERVALS, _grid_nodes,
+                                                             _grid_terms, _reference_power,
+                                                             _shared_span)
+
+_SHARED_LEVELS = 6   # levels after the first: 129, 257, ..., 4097 nodes
+_LEVEL_NODES = _SHARED_INTERVALS // 2 + 1   # nodes per row and step of _log_j_levels
+_LEVEL_ROWS = 512           # rows per step of _log_j_levels
+_LEVEL_BLOCK_ROWS = 8192    # rows per call of _log_j_levels at most (bounds memory)
+
+
+@functools.lru_cache(maxsize=None)
+def _level_weights():
+  """(65, 6) float64: the columns of the sums one step of :func:`_log_j_levels` takes over its
+  65 nodes. Level 0 (the nodes lo + 2 h j, j = 0..64): the trapezoid rules on every node,
+  every second and every fourth node (end weights 1/2); a refinement block (midpoints, the
+  65th node is a dummy): the plain sum of the first 64; the first and the last value (the
+  window's edges at level 0)."""
+  j = np.arange(_LEVEL_NODES)
+  ends = (j == 0) | (j == _LEVEL_NODES - 1)
+  trapezoid = np.where(ends, 0.5, 1.0)
+  columns = [trapezoid, trapezoid * (j % 2 == 0), trapezoid * (j % 4 == 0),
+             (j < _LEVEL_NODES - 1).astype(float), (j == 0).astype(float),
+             (j == _LEVEL_NODES - 1).astype(float)]
+  table = np.stack(columns, axis=-1)
+  table.flags.writeable = False
+  return table
+
+
+def _log_j_levels(q, sigma, orders):
+  r"""log J (r, g) on rows: flat generic q, sigma (r,), each row with its own ascending orders
+  and their constants ``orders`` (r, 5 g) (:func:`_order_block`), on nested grids of its span
+  (:func:`_shared_span`); +inf where a value cannot be certified.
+
+  Level 0 is every second node of the 129-node grid (65 nodes, step 2h); its trapezoid rule
+  and those on every second and fourth of its nodes (33, 17) certify most rows (:func:`_assess`,
+  as in the per-order kernel). A row with an order that level 0 cannot certify is refined
+  level by level (129, 257, ..., 4097 nodes: T(h/2) = T(h)/2 + (h/2) * the sum of the new
+  midpoints, relative to the same reference), until all its orders are certified or level
+  _SHARED_LEVELS is done; the rules of the last three levels decide. The bumps move right with
+  the order, and the certificate checks every order's own decay at the window's edges.
+
+  One ``lax.while_loop`` does all of it, so the integrand is in the graph once (compile time):
+  each step takes a compacted batch of up to _LEVEL_ROWS of the rows still pending and
+  evaluates 65 nodes per row — the whole of level 0, or one block of 64 midpoints of a refinement level —
+  with the order-independent part of the integrand (all its logarithms) once per node
+  (:func:`_grid_nodes`) and two exponentials and one expm1 per (node, order)
+  (:func:`_grid_terms`), summed in linear space relative to the peak located at level 0
+  (:func:`_reference_power`, on every fourth node of the 129-node grid). The sums over the
+  nodes are one contraction with :func:`_level_weights`."""
+  r, g = orders.shape[0], orders.shape[1] // 5
+  dtype = q.dtype
+  sg = lax.stop_gradient
+  q, sigma, orders = sg(q), sg(sigma), sg(orders)
+  alphas = orders[:, :g]
+  lo, h = _shared_span(q, sigma, alphas)
+  cap = min(r, _LEVEL_ROWS)
+  weights = jnp.asarray(_level_weights(), dtype)
+  j = np.arange(_LEVEL_NODES).astype(dtype)   # constants (an iota would be a kernel)
+  ex = lambda v: v[:, None, None]
+  log_half_2pi = 0.5 * math.log(2 * math.pi)
+  # One packed matrix (one gather per step, one scatter). Fixed per row: q sigma lo log q
+  # log(1-q) log sigma 1/(2 sigma^2) | alphas and their constants (_order_constants). State per
+  # row: level being built, its block, the blocks of the level, its step and log step, and the
+  # rates of _assess at that step (exp(-pi^2 sigma^2/h), exp(-1.5 pi^2 sigma^2/h^2), whose max
+  # is rho_h, and rho_2h; halving h squares the first, raises the second to the 4th power) |
+  # per order: the midpoint sum so far, the sum and the rule of the last complete level, the
+  # rule of the one before (all relative to ref), m_ref, ref, the edge value, log J, failed |
+  # whether the row is pending. Everything the body needs per row is a column: no division, logarithm or exponential of a
+  # row's scalars in the loop (each would be a kernel of its own, evaluated before the
+  # broadcast over nodes and orders).
+  n_fixed, n_counters = 7, 8
+  width = n_fixed + 5 * g   # the fixed columns; then the state, then whether the row is pending
+  # The matrix is one kernel: per-row columns computed by _select_columns, placed by padding
+  # with zeros and adding (exact), with the orders' columns and a constant row.
+  wide = lambda v, k: jnp.broadcast_to(v[:, None], (r, k))
+  q_, s_ = wide(q, n_fixed), wide(sigma, n_fixed)
+  x = _select_columns([q_, s_, wide(lo, n_fixed), q_, -q_, s_, s_])
+  fixed = _select_columns([x, x, x, jnp.log(x), jnp.log1p(x), jnp.log(x), 0.5 / (x * x)])
+  # The constant row: zero fixed columns; level 0, block 0, blocks 0.5, then the row's step
+  # (level 0: every second node of the 129-node grid), log step and rates in columns 3 to 7;
+  # per order: zeros, log J +inf, failed 1; pending 1.
+  template = np.concatenate([np.zeros(width), [0.0, 0.0, 0.5], np.zeros(5), np.zeros(4 * g),
+                             np.zeros(3 * g), np.full(g, np.inf), np.ones(g), [1.0]]).astype(dtype)
+  # Step, log step, then the exponents of the rates at the step, (a, b) = (-pi^2 sigma^2/h,
+  # -1.5 pi^2 sigma^2/h^2), and at twice the step, (a/2, b/4).
+  step0, s2 = wide(2 * h, 6), wide(sigma * sigma, 6)
+  a, b = -math.pi ** 2 * s2, -1.5 * math.pi ** 2 * s2
+  x = (_select_columns([step0, step0, a, b, a, b])
+       / _select_columns([jnp.ones_like(step0), jnp.ones_like(step0), step0, step0 * step0,
+                          2 * step0, 4 * step0 * step0]))
+  x = _select_columns([x, jnp.log(x), jnp.exp(x), jnp.exp(x), jnp.exp(x), jnp.exp(x)])
+  rho_coarse = jnp.maximum(x[:, :5], x[:, 1:])   # column 4: max(e^(a/2), e^(b/4))
+  per_row = _where(np.arange(5) == 4, rho_coarse, x[:, :5])
+  pad = lambda v, start: jnp.pad(v, ((0, 0), (start, template.size - start - v.shape[1])))
+  packed = pad(fixed, 0) + pad(orders, n_fixed) + pad(per_row, width + 3) + template
+  cell = lambda m, k: m[:, n_counters + k * g:n_counters + (k + 1) * g]   # k-th per-order block
+
+  compact = r > cap   # otherwise every row is in every step (no gather, no scatter)
+
+  def body(carry):
+    packed, left = carry
+    pending = packed[:, -1] > 0
+    if compact:
+      # Pending rows first: a stable sort (compiles faster than jnp.nonzero) of the row numbers,
+      # a constant (an iota would be a kernel of its own).
+      order = lax.sort((~pending, np.arange(r, dtype=np.int32)), num_keys=1,
+                       is_stable=True)[1][:cap]
+      rows = packed[order]
+      valid = rows[:, -1] > 0
+      idx = _where(valid, order, r)
+    else:   # the barrier keeps XLA from hoisting each per-order constant out of the loop
+      rows = lax.optimization_barrier(packed)   # as a kernel of its own
+    fx, st = rows[:, :width], rows[:, width:]
+    q_, s_, lo_, log_q_, log1m_q_, log_s_, inv_2s2 = (fx[:, i] for i in range(n_fixed))
+    alphas_, *constants = (fx[:, n_fixed + k * g:n_fixed + (k + 1) * g] for k in range(5))
+    log_beta = constants[-1]
+    constants = [v[..., None] for v in constants]
+    level, blk, blocks, step, log_step, rate_a, rate_b, rho_coarse = (
+        st[:, i] for i in range(n_counters))
+    partial, total, log_t, older, m_ref_, ref_, edge, log_j, still_failed = (
+        cell(st, k) for k in range(9))
+    first = level == 0
+    # Level 0: lo + step j; level >= 1 (step halved), block b: the midpoints
+    # lo + step (128 b + 1 + 2 j).
+    offset = _where(first, 0.0, step * (2 * (_LEVEL_NODES - 1) * blk + 1))
+    z = ex(lo_) + ex(offset) + ex(_where(first, step, 2 * step)) * j
+    nodes = _grid_nodes(z, ex(inv_2s2), ex(log_q_), ex(log1m_q_), ex(q_))
+    alpha = alphas_[..., None]
+    e_abs, _ = _grid_terms({k: v[..., ::2] for k, v in nodes.items()}, ex(inv_2s2), alpha,
+                           jnp.zeros_like(alpha), exponent_only=True, constants=constants)
+    m_new, ref_new = _reference_power(e_abs, ex(inv_2s2), alpha)
+    m_ref_ = _where(first[:, None], m_new[..., 0], m_ref_)
+    ref_ = _where(first[:, None], ref_new[..., 0], ref_)
+    e, mult = _grid_terms(nodes, ex(inv_2s2), alpha, m_ref_[..., None], constants=constants)
+    values = jnp.exp(jnp.maximum(e - ref_[..., None], _exp_floor(dtype))) * mult
+    # The 65th node of a refinement block is a dummy: zero, so that it cannot reach the sums
+    # even as inf or NaN (a weight of 0 would not stop those).
+    values = _where(first[:, None, None] | (j < _LEVEL_NODES - 1), values, 0.0)
+    sums = jnp.einsum("rgk,kc->rgc", values, weights, precision=lax.Precision.HIGHEST)
+    shift = m_ref_ * (m_ref_ - 1) * inv_2s2[:, None]
+    base = (ref_ - log_half_2pi - log_s_[:, None]) + log_step[:, None]   # log T = log(sum) + base
+    partial = _where(first[:, None], 0.0, partial + sums[..., 3])
+    complete = first | (blk == blocks - 1)
+    new_total = _where(first[:, None], sums[..., 0], total + partial)
+    # One logarithm of the four sums: the level's rule, at level 0 also the rules on every
+    # second and fourth node and the larger edge value.
+    # (Selected, not stacked: a stack is a loop per piece, each with its own logarithm.)
+    log_sums = jnp.log(_select_columns(
+        [jnp.broadcast_to(v[..., None], (cap, g, 4))
+         for v in (new_total, sums[..., 1], sums[..., 2], jnp.maximum(sums[..., 4], sums[..., 5]))]
+    )) + base[..., None]
+    new_log_t = log_sums[..., 0]
+    coarse = _where(first[:, None], log_sums[..., 1] + math.log(2), log_t)
+    coarser = _where(first[:, None], log_sums[..., 2] + math.log(4), older)
+    edge = _where(first[:, None], log_sums[..., 3], edge)
+    rho = jnp.maximum(rate_a, rate_b)[:, None]
+    still = _assess(new_log_t, coarse, coarser, edge, shift, rho, rho * rho_coarse[:, None],
+                    alphas_, log_beta)
+    was_failed = still_failed > 0
+    newly = complete[:, None] & was_failed & ~still
+    failed_now = was_failed & ~newly
+    done = complete & (~jnp.any(failed_now, axis=-1) | (level == _SHARED_LEVELS))
+    c = complete[:, None]
+    # A completed level starts the next: twice the blocks, half the step.
+    # The row's counters as one select (one kernel, not one per column): complete ->
+    # (level + 1, 0, 2 blocks, step/2, log step - log 2, rate_a^2, rate_b^4, rho_h), else
+    # (level, block + 1, blocks, step, log step, the same rates). All exact but the rates
+    # (a few ulps per level: they only scale the error estimate).
+    current = st[:, :n_counters]
+    row = lambda *v: np.array(v, dtype)
+    squared = current * current
+    scaled = (current * row(1.0, 0.0, 2.0, 0.5, 1.0, 1.0, 1.0, 1.0)
+              + row(1.0, 0.0, 0.0, 0.0, _LOG_HALF, 0.0, 0.0, 0.0))
+    counters = _where(complete[:, None],
+                      _select_columns([scaled] * 5 + [squared, squared * squared,
+                                                      jnp.broadcast_to(rho, current.shape)]),
+                      current + row(0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0))
+    # The per-order blocks as two selects over the block index (a stack is a loop per piece,
+    # each with its own copy of the code the pieces share), the two that depend on the
+    # certificate apart: a select computes every one of its candidates for every entry.
+    select = lambda fields: _select_columns(
+        [jnp.broadcast_to(f[:, None, :], (cap, len(fields), g)) for f in fields],
+        axis=1).reshape(cap, len(fields) * g)
+    plain = select([_where(c, 0.0, partial), _where(c, new_total, total),
+                    _where(c, new_log_t, log_t), _where(c, coarse, older), m_ref_, ref_, edge])
+    judged = select([_where(newly, new_log_t + shift, log_j), failed_now.astype(dtype)])
+    out = jnp.concatenate([counters, plain, judged, (~done)[:, None].astype(dtype)], axis=-1)
+    # The rows left pending, counted down here (read from the output, so that the test is not
+    # compiled twice): the loop's condition is then one comparison, not a reduction over all
+    # rows (kernels of their own).
+    finished = out[:, -1] == 0
+    if not compact:   # rows done before this step keep their state
+      left = left - jnp.sum(pending & finished, dtype=np.int32)
+      return lax.dynamic_update_slice(packed, _where(pending[:, None], out, st), (0, width)), left
+    left = left - jnp.sum(valid & finished, dtype=np.int32)
+    return packed.at[idx, width:].set(out, mode="drop"), left   # out-of-range writes are dropped
+
+  packed, _ = loops.while_loop(lambda c: c[1] > 0, body, (packed, np.int32(r)))
+  return cell(packed[:, width:], 7)

@@ -1,0 +1,115 @@
+r"""log J of the fractional orders of a split on shared nodes, values and derivatives.
+
+Each (pair, group of orders) is one row (:func:`_shared_values`): values on the nested grids
+of :func:`shared_levels._log_j_levels`, values with tangents on one grid
+(:func:`shared_nodes._log_j_shared`: 129 nodes, and 2049 where those leave a value open,
+:func:`_on_finer_grid_where_open`). :func:`rdp_tangent_at_order` is the RDP and its tangent
+at one order, the derivative that the envelope theorem needs at the optimal order of a
+conversion.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+import numpy as np
+
+from jaxrdp.mechanisms.sampled_gaussian.common import _in_row_blocks, _where
+from jaxrdp.mechanisms.sampled_gaussian.shared_levels import _LEVEL_BLOCK_ROWS, _log_j_levels
+from jaxrdp.mechanisms.sampled_gaussian.shared_nodes import (_SHARED_INTERVALS, _log_j_shared,
+                                                             _order_block)
+from jaxrdp.mechanisms.sampled_gaussian.terms import _generic, _terms
+
+_SHARED_ELEMENTS = 1 << 20   # (row, order, node) elements per step (bounds memory)
+
+
+_TANGENT_INTERVALS = (_SHARED_INTERVALS, 16 * _SHARED_INTERVALS)   # grids of _shared_tangents
+
+
+_FINE_ONLY = 1024   # (pair, order) elements up to which tangents take the 2049 nodes at once
+
+
+def _on_finer_grid_where_open(run, open_of, elements):
+  """``run(intervals)`` -> (log J, tangent) on 129 nodes, and where ``open_of(log J)`` says a
+  value is left open, again on 2049 (a ``lax.cond``: run only then). Up to _FINE_ONLY
+  ``elements`` on 2049 nodes at once: one copy of the kernel in the graph (the compile time
+  of a second is worth far more than the run time of 16x the nodes on so few)."""
+  if elements <= _FINE_ONLY:
+    return run(_TANGENT_INTERVALS[1])
+  first = run(_TANGENT_INTERVALS[0])
+  return lax.cond(jnp.any(open_of(first[0])), lambda _: run(_TANGENT_INTERVALS[1]),
+                  lambda _: first, None)
+
+
+def _shared_tangents(q, sigma, alphas, groups, tangents):
+  """(log J, its tangent) (n, m) of the orders of ``groups`` on shared nodes with tangents
+  (:func:`_shared_values`), on the grids of :func:`_on_finer_grid_where_open`; +inf (tangent
+  0) where even 2049 nodes cannot certify a value, and at every order outside ``groups``."""
+  grouped = np.zeros(alphas.shape[0], bool)
+  for g in groups:
+    grouped[list(g)] = True
+  run = lambda intervals: _shared_values(q, sigma, alphas, groups, tangents, intervals)
+  if not groups:
+    return run(_SHARED_INTERVALS)
+  return _on_finer_grid_where_open(run, lambda log_j: ~jnp.isfinite(log_j[:, grouped]),
+                                   q.shape[0] * int(grouped.sum()))
+
+
+def rdp_tangent_at_order(q, sigma, alpha, dq, dsigma):
+  r"""(RDP, its tangent along (``dq``, ``dsigma``), certified) of flat q, sigma (n,) at one
+  order ``alpha`` (a scalar, traced or not), without argument checks: the derivative that the
+  envelope theorem needs at the optimal order of a conversion (Mironov, Talwar, Zhang 2019,
+  Sec. 3; the tangent is the quadrature of the integrand's derivative, as in
+  :func:`_log_j_shared`), on the grids of :func:`_on_finer_grid_where_open`; ``certified`` is
+  false where those could not certify the value (then +inf, tangent 0: a caller reports NaN).
+  Integer and fractional orders alike, so that the graph holds one small kernel whatever the
+  order turns out to be (the per-order kernel's derivative is ~5x its compile time)."""
+  alpha = jnp.broadcast_to(jnp.asarray(alpha, q.dtype), q.shape)
+  generic, q_g, s_g, a_g = _generic(q, sigma, alpha)
+  zero = jnp.zeros_like(q)
+  tangents = (_where(generic, dq, zero), _where(generic, dsigma, zero), zero[:, None])
+
+  def run(intervals):   # one row per pair, with its own order
+    log_j, d_log_j = _log_j_shared(q_g, s_g, a_g[:, None], tangents, intervals)
+    return log_j[:, 0], d_log_j[:, 0]
+  log_j, d_log_j = _on_finer_grid_where_open(run, lambda v: generic & ~jnp.isfinite(v),
+                                             q.shape[0])
+  rdp, d_rdp = jax.jvp(lambda q_, s_, l_: _terms(q_, s_, alpha, l_)[1], (q, sigma, log_j),
+                       (dq, dsigma, d_log_j))
+  return rdp, d_rdp, ~generic | jnp.isfinite(log_j)
+
+
+def _shared_values(q, sigma, alphas, groups, tangents=None, intervals=_SHARED_INTERVALS):
+  """log J (n, m) of the orders of ``groups`` (static tuples of positions into ``alphas``, (m,))
+  on shared nodes (:func:`_log_j_levels`), +inf at every other order; with ``tangents`` (of
+  q, sigma (n,), alphas) values and tangents on one grid of 129 nodes (:func:`_log_j_shared`;
+  tangents 0 where not certified)."""
+  n, m = q.shape[0], alphas.shape[0]
+  log_j = jnp.full((n, m), jnp.inf, q.dtype)
+  if not groups:
+    return log_j if tangents is None else (log_j, jnp.zeros_like(log_j))
+  # One row per (pair, group), every group padded to the longest with its last order.
+  width = max(len(g) for g in groups)
+  index = np.array([g + (g[-1],) * (width - len(g)) for g in groups])
+  n_groups = len(groups)
+  as_rows = lambda q_, s_, a_: (jnp.repeat(q_, n_groups), jnp.repeat(s_, n_groups),
+                                jnp.tile(a_, (n, 1)))
+  if tangents is None:
+    blocks = -(-(n * n_groups) // _LEVEL_BLOCK_ROWS)   # equal blocks: little padding
+    shared = (_in_row_blocks(lambda xs: _log_j_levels(*xs), -(-(n * n_groups) // blocks),
+                             *as_rows(q, sigma, _order_block(lax.stop_gradient(alphas)[index]))),)
+  else:
+    rows = max(1, _SHARED_ELEMENTS // (width * (intervals + 1)))
+    shared = _in_row_blocks(lambda xs: _log_j_shared(*xs[:3], xs[3:], intervals), rows,
+                            *as_rows(q, sigma, alphas[index]),
+                            *as_rows(tangents[0], tangents[1], tangents[2][index]))
+  # Each order's column among the rows' (pair, group, slot) values, or the fill column after
+  # them: one gather with static indices (a scatter is a sequential loop on CPUs).
+  source = np.full(m, n_groups * width)
+  for k, g in enumerate(groups):
+    source[np.asarray(g)] = k * width + np.arange(len(g))
+  place = lambda v, fill: jnp.concatenate(
+      [v.reshape(n, n_groups * width), jnp.full((n, 1), fill, q.dtype)], axis=1)[:, source]
+  log_j = place(shared[0], jnp.inf)
+  return log_j if tangents is None else (log_j, place(shared[1], 0.0))
