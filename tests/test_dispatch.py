@@ -110,9 +110,14 @@ def test_plain_jit_switch_gives_plain_jax_jit_and_the_same_values():
 import jax
 jax.config.update("jax_enable_x64", True)
 import jaxrdp
+from jaxrdp._internal import compilation
 from jaxrdp.accounting import composition
-assert type(composition.compute_rdp_unchecked).__name__ == "PjitFunction", type(composition.compute_rdp_unchecked)
-print(repr(float(jaxrdp.dpsgd_epsilon(0.01, 1.1, 1000, 1e-5))))
+value = float(jaxrdp.dpsgd_epsilon(0.01, 1.1, 1000, 1e-5))
+jaxrdp.compute_rdp(0.01, 1.1, 1000, jaxrdp.DEFAULT_ORDERS)
+# No ahead-of-time executable of jaxrdp's own, no background compiler: plain jax.jit.
+assert not composition.compute_rdp_unchecked.executables
+assert not compilation._BACKGROUND
+print(repr(value))
 """
   def run(switch):
     env = dict(os.environ, JAXRDP_PLAIN_JIT=switch, PYTHONPATH=str(ROOT))

@@ -60,9 +60,10 @@ _RUN_TIME_ELEMENTS = 2048   # from this many argument elements on, compile for r
 
 def plain_jit() -> bool:
   """Whether ``JAXRDP_PLAIN_JIT`` is set (to anything but ``""`` or ``0``): then every entry
-  point is a plain ``jax.jit`` (XLA's default options, no executable cache of jaxrdp's own, no
-  background compilation). The values are the same; only first calls are slower. Read when
-  an entry point is defined (at import)."""
+  point calls a plain ``jax.jit`` (XLA's default options, jax.jit's own cache, no executable
+  cache of jaxrdp's, no background compilation); under ``jax.vmap`` inside a trace it is
+  inlined as always. The values are the same; only first calls are slower. Read when an
+  entry point is defined (at import)."""
   return os.environ.get("JAXRDP_PLAIN_JIT", "") not in ("", "0")
 
 
@@ -210,9 +211,7 @@ def jit(fun=None, *, static_argnames=(), work=None):
   signature = inspect.signature(fun)
   inlined = loops.without_nested_jit(fun)   # traced in one jaxpr (see jaxrdp._internal.loops)
   plain = jax.jit(inlined, static_argnames=static_argnames)
-  if plain_jit():
-    plain.prepare = lambda *args, **kwargs: None
-    return plain
+  plain_only = plain_jit()
   executables = collections.OrderedDict()
   lock = threading.Lock()
 
@@ -272,7 +271,7 @@ def jit(fun=None, *, static_argnames=(), work=None):
       # A user's jax.disable_jit(): the body runs op by op, as any JAX function would (its
       # loops stay compiled loops, see jaxrdp._internal.loops).
       return fun(*args, **kwargs)
-    if jax.default_backend() != "cpu" or not _default_settings():
+    if plain_only or jax.default_backend() != "cpu" or not _default_settings():
       # jax.jit's own cache (this call may compile), which honours every setting.
       with _gc_paused():
         return plain(*args, **kwargs)
@@ -302,9 +301,10 @@ def jit(fun=None, *, static_argnames=(), work=None):
     compilation; the call itself then waits for its compilation. Does nothing where the
     call would not compile ahead of time (tracers, other backends) or is compiled already."""
     arguments, _, leaves, treedef = bind(args, kwargs)
-    if eager(leaves):
+    if eager(leaves) and not plain_only:
       entry(arguments, leaves, treedef, background=True)
 
   call.prepare = prepare
+  call.executables = executables   # (read by tests: empty with JAXRDP_PLAIN_JIT=1)
   call.trace = plain.trace
   return call
