@@ -25,6 +25,13 @@ from jaxrdp._internal import compilation
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True)
+def dispatch_layer_on(monkeypatch):
+  """The entry points made by these tests use the dispatch layer, also in a
+  ``JAXRDP_PLAIN_JIT=1`` run of the suite (the switch is read when an entry point is made)."""
+  monkeypatch.setattr(compilation, "plain_jit", lambda: False)
+
+
 def test_a_failed_background_compilation_is_compiled_again(monkeypatch):
   real = compilation._compile_with_options
   failures = []
