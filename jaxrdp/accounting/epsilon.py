@@ -387,7 +387,6 @@ def _binned_search(q, sigma, t, delta, grid, split, tables, refine_steps):
   lower = _composed_epsilons(grid, jnp.where(pending[half:], 0.0, rdp[half:]), delta)
   usable = jnp.isfinite(grid) & (grid > 1)
   window = sampled_gaussian.OrderSplit(None, (tuple(range(_WINDOW)),))
-  fractions = jnp.arange(1, _WINDOW + 1, dtype=grid.dtype) / (_WINDOW + 1)
   big = jnp.finfo(grid.dtype).max
 
   def body(state):
@@ -396,7 +395,7 @@ def _binned_search(q, sigma, t, delta, grid, split, tables, refine_steps):
     searching = jnp.any(candidates)
     key = jnp.where(candidates, jnp.clip(lower, -big, big), jnp.inf)
     pick = jnp.sort(lax.top_k(-key, _WINDOW)[1])   # the grid ascends: so do the orders
-    inside = lo + (hi - lo) * fractions
+    inside = order_search.refinement_orders(lo, hi, count=_WINDOW)
     orders = jnp.where(searching, grid[pick], inside)
     r = composition.rdp_of_steps(q, sigma, t, orders, window, None, fallback=False)[0]
     eps = _composed_epsilons(orders, r, delta)
@@ -405,10 +404,7 @@ def _binned_search(q, sigma, t, delta, grid, split, tables, refine_steps):
     better = eps[j] < best
     best, alpha = jnp.where(better, eps[j], best), jnp.where(better, orders[j], alpha)
     start = order_search.bracket_of(grid, usable, alpha)
-    points = jnp.concatenate([lo[None], inside, hi[None]])
-    m = jnp.argmin(jnp.concatenate([jnp.full((1,), jnp.inf, eps.dtype), eps,
-                                    jnp.full((1,), jnp.inf, eps.dtype)]))
-    new = points[jnp.maximum(m - 1, 0)], points[jnp.minimum(m + 1, _WINDOW + 1)]
+    new = order_search.refined_bracket(lo, hi, inside, eps)
     lo, hi = (jnp.where(searching, a, b) for a, b in zip(start, new))
     known = known | (searching & jnp.zeros_like(known).at[pick].set(True))
     return best, alpha, lo, hi, known, refined + (~searching).astype(jnp.int32)

@@ -61,9 +61,9 @@ def bracket_of(orders, usable, best_alpha, xp=jnp):
   return lo.astype(orders.dtype), hi.astype(orders.dtype)
 
 
-def refinement_orders(lo, hi, xp=jnp):
-  """The BATCH equally spaced orders strictly inside the bracket [lo, hi]."""
-  fractions = xp.arange(1, BATCH + 1, dtype=lo.dtype) / (BATCH + 1)
+def refinement_orders(lo, hi, xp=jnp, count=BATCH):
+  """The ``count`` equally spaced orders strictly inside the bracket [lo, hi]."""
+  fractions = xp.arange(1, count + 1, dtype=lo.dtype) / (count + 1)
   return lo + (hi - lo) * fractions
 
 
@@ -73,7 +73,7 @@ def refined_bracket(lo, hi, inside, eps_new, xp=jnp):
   pad = xp.full((1,), xp.inf, eps_new.dtype)
   points = xp.concatenate([lo[None], inside, hi[None]])
   j = xp.argmin(xp.concatenate([pad, eps_new, pad]))
-  return points[xp.maximum(j - 1, 0)], points[xp.minimum(j + 1, BATCH + 1)]
+  return points[xp.maximum(j - 1, 0)], points[xp.minimum(j + 1, inside.shape[0] + 1)]
 
 
 def grid_epsilon(composed_rdp, grid, delta, *, refine_steps=0, initial=None,
