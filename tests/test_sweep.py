@@ -130,6 +130,34 @@ def test_inverse_sweep_equals_calibrate_noise_multiplier_per_cell():
   assert np.isnan(got).sum() >= 1 and np.isfinite(got).sum() >= 6
 
 
+def test_inverse_sweep_searches_again_where_the_shared_nodes_leave_a_value_open(monkeypatch):
+  # A target of 300 for one step needs sigma ~ 0.05, where the shared nodes leave some values
+  # of the default grid open: the cell's search runs again, calibrate_noise_multiplier's
+  # (the per-order quadrature fills them), with its answer, for those cells only.
+  from jaxrdp.accounting import sweep as sweep_module
+  from jaxrdp.mechanisms import sampled_gaussian
+  grid = np.asarray(jaxrdp.DEFAULT_ORDERS)
+  split = sampled_gaussian.order_split(grid)
+  targets, q = np.array([20.0, 300.0]), np.array([0.01, 0.5])
+  cells = [(e, s) for e in targets for s in q]
+  args = [np.array(v, float) for v in zip(*cells)]
+  _, is_open = sweep_module._search_fn(sweep_module._mesh(None), 24, split)(
+      *(np.resize(v, 24) for v in (args[0], args[1], np.ones(4), np.full(4, 1e-5))), grid,
+      sampled_gaussian.order_tables(grid, split))
+  assert not np.asarray(is_open)[:2].any() and np.asarray(is_open)[2:4].all()
+  again = []
+  host = sweep_module._host_calibration
+  monkeypatch.setattr(sweep_module, "_host_calibration",
+                      lambda unknown, target, *rest: again.append(float(target)) or
+                      host(unknown, target, *rest))
+  got = np.asarray(sweep_noise_multiplier(targets, deltas=np.array([1e-5]), sampling_rates=q,
+                                          steps=np.array([1.0])))
+  assert again == [300.0, 300.0]
+  for (e, i) in np.ndindex(2, 2):
+    ref = float(jaxrdp.calibrate_noise_multiplier(targets[e], 1e-5, q[i], 1.0))
+    assert got[e, i, 0, 0] == pytest.approx(ref, rel=1e-9), (e, i)
+
+
 def test_inverse_sweep_cells_do_not_depend_on_the_grid_with_a_short_order_grid():
   # A short order grid gets blocks of at most 32 searches on CPU (not 4096 / 6 = 682, which
   # made a small grid almost all padding), still of a fixed size: a cell is the same, bitwise,

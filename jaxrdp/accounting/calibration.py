@@ -85,7 +85,7 @@ def calibrate_noise_multiplier(target_epsilon: jax.typing.ArrayLike, delta: jax.
   valid = validation.all_in_domains(target_epsilon=target_epsilon, delta=delta,
                                     sampling_rate=q, steps=t, orders=grid)
   target, delta = (validation.to_device(v, q.dtype) for v in (target_epsilon, delta))
-  result = _calibrated(calibrate_sigma_unchecked, _calibrate_sigma_on_grid, target, delta, q, t, grid)
+  result = _calibrated("noise_multiplier", target, delta, q, t, grid)
   if validation.is_concrete(result) and np.isnan(np.asarray(result)):
     raise ValueError(f"target_epsilon={float(target_epsilon)} is not reachable with any noise "
                      "multiplier up to 1e8 for this schedule and delta.")
@@ -95,77 +95,95 @@ def calibrate_noise_multiplier(target_epsilon: jax.typing.ArrayLike, delta: jax.
   return validation.nan_where_invalid(valid, result)
 
 
-def _calibrated(on_any_grid, on_concrete_grid, *args):
-  """A calibration's search: ``on_concrete_grid`` (every order through the grid's split; the
-  per-order quadrature only if a value is left open) where the grid (the last argument) is
-  concrete, ``on_any_grid`` (branch and bound) where it is traced."""
-  split = _concrete_split(args[-1])
+def _calibrated(unknown, target, delta, fixed, t, grid):
+  """The search for ``unknown`` ("noise_multiplier" or "sampling_rate", the other of the
+  two ``fixed``): every order through the grid's split (the per-order quadrature only if a
+  value is left open) where the grid (the last argument) is concrete, the branch and bound
+  (:func:`_calibrate_any_grid`) where it is traced."""
+  split = _concrete_split(grid)
   if split is None:
-    return on_any_grid(*args)
+    return _calibrate_any_grid(target, delta, fixed, t, grid, unknown=unknown)
+  args = (target, delta, fixed, t, grid)
   if validation.is_concrete(args):
-    return _host_calibration(on_concrete_grid, *args)
-  return _first_without_fallback(functools.partial(on_concrete_grid, split=split[0]), *args, split[1])
+    return _host_calibration(unknown, *args)
+  on_grid = functools.partial(_calibrate_on_grid, split=split[0], unknown=unknown)
+  return _first_without_fallback(on_grid, *args, split[1])
 
 
-def _host_calibration(on_concrete_grid, target, delta, fixed, t, grid):
+# The searched variable s of each calibration: (the value is e^(sign·s), s0, s_min, s_max):
+# σ in log σ, q in −log q; ε is non-increasing in s for both.
+_SEARCHES = {"noise_multiplier": (1.0, 0.0, math.log(_SIGMA_MIN), math.log(_SIGMA_MAX)),
+             "sampling_rate": (-1.0, math.log(100.0), 0.0, -math.log(_Q_MIN))}
+
+
+def _phases(unknown, fixed, value):
+  """(q, σ) of a calibration's schedule at ``value`` of the ``unknown`` (``fixed`` the other)."""
+  return (fixed, value) if unknown == "noise_multiplier" else (value, fixed)
+
+
+def _host_calibration(unknown, target, delta, fixed, t, grid):
   """A calibration with concrete arguments: the bracket's steps run from the host
   (:func:`_host_boundary`), each ε one call of the program that dpsgd_epsilon's order search
   runs (:func:`_concrete_epsilons`, the grid with its slots; open values filled on the host),
   so that no search loop is compiled around the kernel and the two share one compilation.
-  The same searches as :func:`_sigma_search` and :func:`_q_search`."""
+  The same search as :func:`_search`."""
   orders, split, tables = _with_slots(grid)
   k = grid.shape[0]
   dtype = fixed.dtype
   target_ = float(target)
-  if on_concrete_grid is _calibrate_sigma_on_grid:
-    value_of = lambda s: np.exp(s).astype(dtype)   # σ = e^s
-    args_of = lambda v: (fixed, np.full(fixed.shape, v, dtype))   # host arrays, as schedule_phases
-    s0, s_min, s_max = 0.0, math.log(_SIGMA_MIN), math.log(_SIGMA_MAX)
-  else:
-    value_of = lambda s: np.exp(-s).astype(dtype)   # q = e^-s
-    args_of = lambda v: (np.full(fixed.shape, v, dtype), fixed)
-    s0, s_min, s_max = math.log(100.0), 0.0, -math.log(_Q_MIN)
+  sign, s0, s_min, s_max = _SEARCHES[unknown]
+  value_of = lambda s: np.exp(sign * s).astype(dtype)
 
   def g(s):   # log(ε/target), non-increasing in s
-    eps = _concrete_epsilons(*args_of(value_of(s)), t, delta, orders, split, tables)[:k]
+    value = np.full(fixed.shape, value_of(s), dtype)   # host arrays, as schedule_phases
+    eps = _concrete_epsilons(*_phases(unknown, fixed, value), t, delta, orders, split, tables)[:k]
     with np.errstate(divide="ignore"):
       return np.log(np.min(eps) / target_)
   s, found = _host_boundary(g, s0, s_min, s_max, dtype)
   return validation.to_device(value_of(s) if found else np.nan, dtype)
 
 
-def _sigma_search(target, delta, q, t, grid_epsilon_of):
-  """The safe-side σ search on ε(σ) = grid_epsilon_of(σ) (returning (ε, open))."""
-  def g(log_sigma):   # log(ε/target), non-increasing in σ
-    eps, is_open = grid_epsilon_of(jnp.broadcast_to(jnp.exp(log_sigma), q.shape))
+def _search(unknown, target, fixed, grid_epsilon_of):
+  """(value, open): the safe-side search (:func:`_safe_boundary`) for the ``unknown`` on
+  ε(value) = grid_epsilon_of(value), which returns (ε, open)."""
+  sign, s0, s_min, s_max = _SEARCHES[unknown]
+
+  def g(s):   # log(ε/target), non-increasing in s
+    eps, is_open = grid_epsilon_of(jnp.broadcast_to(jnp.exp(sign * s), fixed.shape))
     return jnp.log(eps / target), is_open
-  log_min, log_max = math.log(_SIGMA_MIN), math.log(_SIGMA_MAX)
-  s, found, is_open = _safe_boundary(g, jnp.zeros((), q.dtype), log_min, log_max)
-  return jnp.where(found, jnp.exp(s), jnp.nan), is_open
+  s, found, is_open = _safe_boundary(g, jnp.asarray(s0, fixed.dtype), s_min, s_max)
+  return jnp.where(found, jnp.exp(sign * s), jnp.nan), is_open
 
 
-@compilation.jit
+@compilation.jit(static_argnames=("unknown",))
+def _calibrate_any_grid(target, delta, fixed, t, grid, unknown):
+  """The search with the grid ε of the branch-and-bound search (any grid, also traced)."""
+  def eps_of(value):
+    q, sigma = _phases(unknown, fixed, value)
+    return grid_epsilon(lambda alphas: schedule_rdp(q, sigma, t, alphas), grid, delta)[0], False
+  return _search(unknown, target, fixed, eps_of)[0]
+
+
 def calibrate_sigma_unchecked(target, delta, q, t, grid):
   """σ search with the grid ε of the branch-and-bound search (any grid, also traced)."""
-  def eps_of(sigma):
-    return grid_epsilon(lambda alphas: schedule_rdp(q, sigma, t, alphas), grid, delta)[0], False
-  return _sigma_search(target, delta, q, t, eps_of)[0]
+  return _calibrate_any_grid(target, delta, q, t, grid, unknown="noise_multiplier")
 
 
 def _search_work(arguments):
   """Elements of one ε evaluation of a calibration: phases times orders (not the tables)."""
-  phases = arguments["q"].size if "q" in arguments else arguments["sigma"].size
-  return phases * arguments["grid"].size
+  return arguments["fixed"].size * arguments["grid"].size
 
 
-@functools.partial(compilation.jit, static_argnames=("split", "fallback"), work=_search_work)
-def _calibrate_sigma_on_grid(target, delta, q, t, grid, tables, fallback, split):
-  """(σ, open): σ search with every order of a concrete grid evaluated through its ``split``
-  (:func:`_grid_values`; the same ε as the branch and bound)."""
-  def eps_of(sigma):
+@functools.partial(compilation.jit, static_argnames=("split", "fallback", "unknown"),
+                   work=_search_work)
+def _calibrate_on_grid(target, delta, fixed, t, grid, tables, fallback, split, unknown):
+  """(value, open): the search with every order of a concrete grid evaluated through its
+  ``split`` (:func:`_grid_values`; the same ε as the branch and bound)."""
+  def eps_of(value):
+    q, sigma = _phases(unknown, fixed, value)
     eps, pending = _grid_values(q, sigma, t, delta, grid, split, tables, fallback)
     return jnp.min(eps), jnp.any(pending)
-  return _sigma_search(target, delta, q, t, eps_of)
+  return _search(unknown, target, fixed, eps_of)
 
 
 def calibrate_sampling_rate(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.ArrayLike,
@@ -210,40 +228,13 @@ def calibrate_sampling_rate(target_epsilon: jax.typing.ArrayLike, delta: jax.typ
   valid = validation.all_in_domains(target_epsilon=target_epsilon, delta=delta,
                                     noise_multiplier=sigma, steps=t, orders=grid)
   target, delta = (validation.to_device(v, sigma.dtype) for v in (target_epsilon, delta))
-  result = _calibrated(_calibrate_q, _calibrate_q_on_grid, target, delta, sigma, t, grid)
+  result = _calibrated("sampling_rate", target, delta, sigma, t, grid)
   if validation.is_concrete(result) and np.isnan(np.asarray(result)):
     raise ValueError(f"target_epsilon={float(target_epsilon)} is not reachable with any sampling "
                      "rate >= 1e-12 for this noise multiplier, step count and delta.")
   # Under jit, NaN for an argument outside its domain: the search would otherwise return an
   # end of its bracket (q = 1 for δ > 1), a plausible answer.
   return validation.nan_where_invalid(valid, result)
-
-
-def _q_search(target, delta, sigma, grid_epsilon_of):
-  """The safe-side q search on ε(q) = grid_epsilon_of(q) (returning (ε, open))."""
-  def g(neg_log_q):   # log(ε/target), non-increasing in -log q
-    eps, is_open = grid_epsilon_of(jnp.broadcast_to(jnp.exp(-neg_log_q), sigma.shape))
-    return jnp.log(eps / target), is_open
-  s, found, is_open = _safe_boundary(g, jnp.asarray(math.log(100.0), sigma.dtype), 0.0,
-                                     -math.log(_Q_MIN))
-  return jnp.where(found, jnp.exp(-s), jnp.nan), is_open
-
-
-@compilation.jit
-def _calibrate_q(target, delta, sigma, t, grid):
-  """q search with the grid ε of the branch-and-bound search (any grid, also traced)."""
-  def eps_of(q):
-    return grid_epsilon(lambda alphas: schedule_rdp(q, sigma, t, alphas), grid, delta)[0], False
-  return _q_search(target, delta, sigma, eps_of)[0]
-
-
-@functools.partial(compilation.jit, static_argnames=("split", "fallback"), work=_search_work)
-def _calibrate_q_on_grid(target, delta, sigma, t, grid, tables, fallback, split):
-  """(q, open): q search with every order of a concrete grid evaluated through its split."""
-  def eps_of(q):
-    eps, pending = _grid_values(q, sigma, t, delta, grid, split, tables, fallback)
-    return jnp.min(eps), jnp.any(pending)
-  return _q_search(target, delta, sigma, eps_of)
 
 
 def calibrate_steps(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.ArrayLike,

@@ -51,7 +51,7 @@ from jax.sharding import Mesh, PartitionSpec
 from jaxrdp._internal import deprecation
 from jaxrdp._internal import loops
 from jaxrdp._internal import validation
-from jaxrdp.accounting.calibration import calibrate_sigma_unchecked
+from jaxrdp.accounting.calibration import _calibrate_on_grid, _host_calibration
 from jaxrdp.accounting.epsilon import order_grid
 from jaxrdp.accounting.conversion import compute_epsilon
 from jaxrdp.mechanisms.sampled_gaussian import fill_pending, log_a_and_rdp_at_orders, order_split, order_tables
@@ -231,7 +231,9 @@ def sweep_noise_multiplier(target_epsilons: jax.typing.ArrayLike, *,
   n_cells = math.prod(shape)
   block, chunk = _layout(n_cells, grid.size, chunk_size, _SEARCH_CALL_BLOCKS, mesh,
                          _SEARCH_BLOCK_MAX)
-  search_fn = _search_fn(mesh, block)
+  split = order_split(grid)
+  tables = order_tables(grid, split)
+  search_fn = _search_fn(mesh, block, split)
   out = np.empty(n_cells, dtype)
   filler = (1.0, 0.5, 0.0, 0.5)   # target ε = 1, q = 1/2, T = 0, δ = 1/2: found at once
 
@@ -240,11 +242,17 @@ def sweep_noise_multiplier(target_epsilons: jax.typing.ArrayLike, *,
       idx = np.arange(start, min(start + chunk, n_cells))
       cell = np.unravel_index(idx, shape)
       args = [_pad(v[i], chunk, f) for v, i, f in zip(axes, cell, filler)]
-      yield idx, search_fn(*args, grid)
+      yield idx, search_fn(*args, grid, tables)
 
   def collect(task, bar):
-    idx, sigma = task
-    out[idx] = np.asarray(sigma)[:idx.size]
+    idx, (sigma, is_open) = task
+    sigma = np.array(sigma[:idx.size])
+    # A cell whose search met a value the shared nodes left open (rare): its search again,
+    # as calibrate_noise_multiplier runs it (the per-order quadrature fills those values).
+    for k in np.flatnonzero(np.asarray(is_open)[:idx.size]):
+      target, q_k, t_k, delta_k = (v[i] for v, i in zip(axes, np.unravel_index(idx[k], shape)))
+      sigma[k] = _host_calibration("noise_multiplier", target, delta_k, q_k[None], t_k[None], grid)
+    out[idx] = sigma
     if bar is not None:
       bar.update(idx.size)
 
@@ -301,16 +309,19 @@ def _epsilon_fn(mesh, block):
 
 
 @functools.lru_cache(maxsize=None)
-def _search_fn(mesh, block):
-  """(cells,) arrays of target ε, q, T, δ -> calibrated σ (cells,): the scalar search, vmapped
-  over a block (the search loop runs until every cell of the block has converged)."""
-  def one(target, q, t, delta, grid):
-    return calibrate_sigma_unchecked(target, delta, q[None], t[None], grid)
+def _search_fn(mesh, block, split):
+  """(cells,) arrays of target ε, q, T, δ, the grid and its tables -> (calibrated σ, open), each
+  (cells,): calibrate_noise_multiplier's search with every order through the grid's ``split``
+  (exact sums, shared nodes; open: a value they left open was met), vmapped over a block (the
+  search loop runs until every cell of the block has converged)."""
+  def one(target, q, t, delta, grid, tables):
+    return _calibrate_on_grid(target, delta, q[None], t[None], grid, tables, False, split=split,
+                              unknown="noise_multiplier")
 
-  def local(target, q, t, delta, grid):
-    searches = jax.vmap(one, in_axes=(0, 0, 0, 0, None))
-    return _in_blocks(lambda *cells: searches(*cells, grid), block, target, q, t, delta)
-  return _sharded(local, mesh, 4, 1)
+  def local(target, q, t, delta, grid, tables):
+    searches = jax.vmap(one, in_axes=(0, 0, 0, 0, None, None))
+    return _in_blocks(lambda *cells: searches(*cells, grid, tables), block, target, q, t, delta)
+  return _sharded(local, mesh, 4, 2)
 
 
 def _run_pipelined(tasks, collect, progress_bar, total):
