@@ -207,3 +207,33 @@ def test_a_mixed_grid_prepares_its_two_programs_once_and_reassembles_the_columns
   assert {len(s.sums) for s in prepared} == {0, 1}   # one part with the sums, one without
   composition.by_order_parts(program, (np.ones(3),), orders, split, tables)   # new shape
   assert len(prepared) == 4
+
+
+def test_batched_as_batches_a_loop_body_in_one_pass():
+  # vmap batches a while loop's body again for each state variable that becomes batched after
+  # a pass, and each pass runs the batching rules of the kernels inside it (traced anew).
+  # With batched_as, the initial state is batched at once: one pass, the same values.
+  rules = []
+
+  @jax.custom_batching.custom_vmap
+  def kernel(x):
+    return 2 * x
+
+  @kernel.def_vmap
+  def _rule(axis_size, in_batched, x):
+    rules.append(axis_size)
+    return 2 * x, in_batched[0]
+
+  def run(x, batched_as):
+    body = lambda c: (c[0] + 1, kernel(c[1] + x))
+    return loops.while_loop(lambda c: c[0] < 3, body, (0, jnp.zeros(())),
+                            batched_as=batched_as)[1]
+  xs = jnp.arange(4.0)
+  plain = jax.vmap(lambda x: run(x, ()))(xs)
+  assert len(rules) >= 2   # (3 with jax 0.10)
+  rules.clear()
+  once = jax.vmap(lambda x: run(x, (x,)))(xs)
+  assert rules == [4]
+  np.testing.assert_array_equal(once, plain)
+  np.testing.assert_array_equal(once, 14 * xs)
+  assert float(run(1.0, (jnp.ones(()),))) == 14.0   # nothing batched: unchanged

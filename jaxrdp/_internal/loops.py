@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 from jax import lax
 
 
@@ -40,8 +41,20 @@ def _loop(run, *functions):
     return run(*(without_nested_jit(f) for f in functions))
 
 
-def while_loop(cond_fun, body_fun, init_val):
-  """:func:`jax.lax.while_loop`, a loop also inside an entry point's trace."""
+def while_loop(cond_fun, body_fun, init_val, *, batched_as=()):
+  """:func:`jax.lax.while_loop`, a loop also inside an entry point's trace.
+
+  ``batched_as``: values the loop's state will depend on. Where :func:`jax.vmap` batches any
+  of them, the whole initial state is made batched at once (a select of each value with
+  itself, which XLA removes): vmap batches a loop's body again for every state variable that
+  turns out batched after a pass, and each pass traces the batching rules of the kernels in
+  the body anew (see :mod:`jaxrdp.mechanisms.sampled_gaussian`)."""
+  from jaxrdp._internal import compilation   # (which imports this module)
+  leaves = [x for x in jax.tree_util.tree_leaves(batched_as) if compilation.batched(x)]
+  if leaves:
+    x = leaves[0]
+    always = (jnp.sum(x) == 0) | True   # batched, and true
+    init_val = jax.tree_util.tree_map(lambda v: jnp.where(always, v, v), init_val)
   return _loop(lambda c, b: lax.while_loop(c, b, init_val), cond_fun, body_fun)
 
 

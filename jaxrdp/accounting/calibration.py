@@ -143,15 +143,15 @@ def _host_calibration(unknown, target, delta, fixed, t, grid):
   return validation.to_device(value_of(s) if found else np.nan, dtype)
 
 
-def _search(unknown, target, fixed, grid_epsilon_of):
+def _search(unknown, target, fixed, grid_epsilon_of, batched_as):
   """(value, open): the safe-side search (:func:`_safe_boundary`) for the ``unknown`` on
-  ε(value) = grid_epsilon_of(value), which returns (ε, open)."""
+  ε(value) = grid_epsilon_of(value), which returns (ε, open) and depends on ``batched_as``."""
   sign, s0, s_min, s_max = _SEARCHES[unknown]
 
   def g(s):   # log(ε/target), non-increasing in s
     eps, is_open = grid_epsilon_of(jnp.broadcast_to(jnp.exp(sign * s), fixed.shape))
     return jnp.log(eps / target), is_open
-  s, found, is_open = _safe_boundary(g, jnp.asarray(s0, fixed.dtype), s_min, s_max)
+  s, found, is_open = _safe_boundary(g, jnp.asarray(s0, fixed.dtype), s_min, s_max, batched_as)
   return jnp.where(found, jnp.exp(sign * s), jnp.nan), is_open
 
 
@@ -161,7 +161,7 @@ def _calibrate_any_grid(target, delta, fixed, t, grid, unknown):
   def eps_of(value):
     q, sigma = _phases(unknown, fixed, value)
     return grid_epsilon(lambda alphas: schedule_rdp(q, sigma, t, alphas), grid, delta)[0], False
-  return _search(unknown, target, fixed, eps_of)[0]
+  return _search(unknown, target, fixed, eps_of, (target, delta, fixed, t, grid))[0]
 
 
 def calibrate_sigma_unchecked(target, delta, q, t, grid):
@@ -183,7 +183,7 @@ def _calibrate_on_grid(target, delta, fixed, t, grid, tables, fallback, split, u
     q, sigma = _phases(unknown, fixed, value)
     eps, pending = _grid_values(q, sigma, t, delta, grid, split, tables, fallback)
     return jnp.min(eps), jnp.any(pending)
-  return _search(unknown, target, fixed, eps_of)
+  return _search(unknown, target, fixed, eps_of, (target, delta, fixed, t))
 
 
 def calibrate_sampling_rate(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.ArrayLike,

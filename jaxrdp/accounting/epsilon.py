@@ -284,7 +284,8 @@ def _grid_search(q, sigma, t, delta, orders, split, tables, refine_steps):
   state = jax.tree_util.tree_map(jnp.asarray, _search_start(orders.dtype))
   # Without refinement one step: no loop around the kernel (XLA compiles a kernel inside a
   # loop ~1.5x slower).
-  state = step(state) if refine_steps == 0 else loops.while_loop(lambda st: st[-1], step, state)
+  state = (step(state) if refine_steps == 0 else
+           loops.while_loop(lambda st: st[-1], step, state, batched_as=(q, sigma, t, delta)))
   return _search_result(state, delta, jnp)[:2]
 
 
@@ -417,7 +418,7 @@ def _binned_search(q, sigma, t, delta, grid, split, tables, refine_steps):
 
   one = jnp.ones((), grid.dtype)
   state = (jnp.inf * one, jnp.nan * one, one, one, ~usable, jnp.zeros((), jnp.int32))
-  best, alpha, *_ = loops.while_loop(cond, body, state)
+  best, alpha, *_ = loops.while_loop(cond, body, state, batched_as=(q, sigma, t, delta))
   eps = jnp.where(validation.in_domain("delta", delta), best, jnp.nan)
   found = jnp.isfinite(alpha) & (alpha > 1) & jnp.isfinite(best)
   return eps, jnp.where(found, alpha, jnp.nan)

@@ -32,7 +32,7 @@ class _BoundaryState(NamedTuple):
   is_open: Any   # some evaluation used a value left open
 
 
-def _safe_boundary(g, s0, s_min, s_max):
+def _safe_boundary(g, s0, s_min, s_max, batched_as=()):
   r"""Smallest s in [s_min, s_max] with g(s) ≤ 0, for g non-increasing ("ok" to the right).
 
   One evaluation of g per step of a single ``while_loop`` (one copy of the kernel in the
@@ -45,7 +45,8 @@ def _safe_boundary(g, s0, s_min, s_max):
   Returns (s, found, open): s is always a point where g was evaluated and found ≤ 0, or
   s_min when g(s_min) ≤ 0; found is false when even g(s_max) > 0. ``g`` returns its value and
   a flag (a value it used was left open, see :func:`jaxrdp.accounting.epsilon._grid_values`);
-  ``open``: any flag.
+  ``open``: any flag. ``batched_as``: the values g depends on
+  (:func:`jaxrdp._internal.loops.while_loop`).
   The steps are :func:`_boundary_point` and :func:`_boundary_update`, which
   :func:`_host_boundary` runs from the host instead.
   """
@@ -53,7 +54,8 @@ def _safe_boundary(g, s0, s_min, s_max):
     x = _boundary_point(state, s0, s_min, s_max, jnp)
     return _boundary_update(state, x, *g(x), s_min, s_max, jnp)
   state = loops.while_loop(lambda st: ~st.done & (st.count < _BOUNDARY_STEPS), body,
-                           jax.tree_util.tree_map(jnp.asarray, _boundary_start(s0.dtype)))
+                           jax.tree_util.tree_map(jnp.asarray, _boundary_start(s0.dtype)),
+                           batched_as=batched_as)
   return state.high, state.found, state.is_open
 
 
