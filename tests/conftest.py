@@ -65,3 +65,20 @@ def log_a_reference():
 def log_a_reference_float32():
   """References at float32-exact inputs (tools/make_references.py --float32)."""
   return _load("log_a_reference_float32.json")
+
+
+# The files whose tests take longest in all (summed per file from --junitxml on the 2-core CI
+# machine), run first: each worker runs one file at a time, and a long file started last
+# keeps one core busy after the other has finished (longest first is the classic remedy).
+# Files not named keep their order, after these.
+_LONGEST_FIRST = ("test_sampled_gaussian", "test_bad_input", "test_integer_orders",
+                  "test_accounting", "test_traced_path", "test_sweep", "test_pld_api", "test_pld",
+                  "test_order_search", "test_transform", "test_properties",
+                  "test_api_consistency", "test_pld_soundness", "test_default_compiler_options",
+                  "test_schedules", "test_pld_corners", "test_edge_gradients")
+
+
+def pytest_collection_modifyitems(config, items):
+  del config
+  rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))   # stable
