@@ -143,7 +143,11 @@ def test_the_grid_search_equals_the_branch_and_bound_search(schedule):
   # A concrete grid is searched by evaluating every order (exact sums, shared nodes) and
   # refining in slots of the same program, from the host; a traced grid by branch and bound
   # with the per-order quadrature; jax.jit with a concrete grid runs the grid search as one
-  # loop, with the per-order fallback inside. The same ε and order (to the kernels' rounding).
+  # loop, with the per-order fallback inside. The same ε (to the kernels' rounding); the
+  # refinements differ (the branch and bound: steps of 8 orders; the grid search: steps of rows
+  # of shared nodes, 96 orders on the default grid), so the orders agree to their resolution
+  # (the bracket, 0.1 wide here, narrowed at least 8,300 times), and ε, flat at its minimum,
+  # to 1e-12.
   q, s, t, d = SCHEDULES[schedule]
   q, s, t = accounting.schedule_phases(q, s, t)
   d = np.asarray(d)
@@ -151,7 +155,7 @@ def test_the_grid_search_equals_the_branch_and_bound_search(schedule):
   eps_bb, best_bb = (float(v) for v in accounting._search_epsilon(q, s, t, d, jnp.asarray(grid), True))
   eps, best = (float(v) for v in accounting._concrete_epsilon(q, s, t, d, grid, True))
   assert eps == pytest.approx(eps_bb, rel=1e-12, abs=0)
-  assert best == pytest.approx(best_bb, rel=1e-12, abs=0)
+  assert best == pytest.approx(best_bb, rel=1e-5, abs=0)
   if q.shape == (1,):   # (one compiled program for the constant schedules)
     jitted = float(jax.jit(accounting.dpsgd_epsilon)(q, s, t, d))
     assert jitted == pytest.approx(eps, rel=1e-12, abs=0)

@@ -263,10 +263,12 @@ def test_shared_node_tangents_match_mpmath_at_fractional_orders(log_a_reference)
                                                    fallback=False)
     return out[0][rows, column], out[2][rows, column]
 
-  def tangents(q, sigma):
-    (value, pending), (dq, _) = jax.jvp(log_a, (q, sigma), (jnp.ones_like(q), jnp.zeros_like(sigma)))
-    _, (ds, _) = jax.jvp(log_a, (q, sigma), (jnp.zeros_like(q), jnp.ones_like(sigma)))
-    return value, pending, dq, ds
+  def tangents(q, sigma):   # both directions in one batched pass (one copy of the kernel)
+    one, zero = jnp.ones_like(q), jnp.zeros_like(q)
+    (value, pending), (d, _) = jax.vmap(
+        lambda dq_, ds_: jax.jvp(log_a, (q, sigma), (dq_, ds_)), out_axes=((None, None), 0))(
+            jnp.stack([one, zero]), jnp.stack([zero, one]))
+    return value, pending, d[0], d[1]
 
   value, pending, dq, ds = (np.asarray(v) for v in jax.jit(tangents)(r["q"], r["sigma"]))
   certified = ~pending

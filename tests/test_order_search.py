@@ -55,11 +55,16 @@ def test_no_noise_gives_infinite_epsilon_and_terminates():
 @pytest.mark.parametrize("size", [2, 6])
 def test_a_traced_grid_smaller_than_a_batch_is_refined_like_a_concrete_one(size):
   # A regression: a traced grid of fewer than BATCH - 1 orders crashed in lax.top_k (k = 8 picks
-  # among k + 1 positions). Reference: the same grid passed concretely (refined on the host).
+  # among k + 1 positions). Reference: the same grid passed concretely (refined on the host,
+  # to a bracket 10^6 times narrower, in steps of one row of shared nodes: `size` orders here;
+  # the branch and bound 8,300 times, in steps of 8): the two evaluate different orders and
+  # agree to the coarser one's resolution (the bracket between grid orders 2 and 64 is wide),
+  # the concrete one never above.
   grid = np.geomspace(2.0, 64.0, size)
   traced = jax.jit(lambda g: jaxrdp.dpsgd_epsilon(0.01, 1.1, 100.0, 1e-5, orders=g))(grid)
   concrete = jaxrdp.dpsgd_epsilon(0.01, 1.1, 100.0, 1e-5, orders=grid)
-  assert float(traced) == pytest.approx(float(concrete), rel=1e-12)
+  assert float(traced) == pytest.approx(float(concrete), rel=1e-7)
+  assert float(concrete) <= float(traced) * (1 + 1e-13)
 
 
 def test_a_trajectory_over_a_small_grid_equals_each_prefix_epsilon():

@@ -6,30 +6,35 @@ addition (Mironov 2017, Prop. 1), so the schedule's RDP at order α is
 :math:`\sum_i T_i\,\varepsilon_{q_i,\sigma_i}(\alpha)`, and ε is its conversion to
 (ε, δ)-DP (:func:`jaxrdp.compute_epsilon`, minimised over the orders).
 
-Optimal order: after the grid, the order is refined continuously (8 orders per step in the
-bracket around the best grid order; the conversion is smooth and unimodal in α there). The
-result is the minimum of the grid value and the refined value: never looser than the grid,
-and never below the true RDP-based value, since every order gives a valid bound. Gradients
-follow the envelope theorem: the optimal order is held fixed (exact, since ε is minimised
-over it; :mod:`jaxrdp.accounting.envelope`).
+Optimal order: after the grid, the order is refined continuously (equally spaced orders in
+the bracket around the best grid order, step by step; the conversion is smooth and unimodal
+in α there). The result is the minimum of the grid value and the refined value: never looser
+than the grid, and never below the true RDP-based value, since every order gives a valid
+bound. Gradients follow the envelope theorem: the optimal order is held fixed (exact, since
+ε is minimised over it; :mod:`jaxrdp.accounting.envelope`).
 
 How it is evaluated: on a concrete grid (the default) every grid order goes through the exact
-sums and the shared nodes (:func:`jaxrdp.mechanisms.sampled_gaussian.log_a_and_rdp_at_orders`) and the
-refinement's orders through 8 extra slots of the same program (:func:`_search_orders` and
-:func:`_search_update`, driven from the host for concrete inputs, one loop in the graph for
-traced ones). Long schedules (more than 64 phases), traced or not, evaluate each phase only at
-the grid orders that bounds from the phases binned by σ leave in play, and refine in windows
-of 16 orders (:func:`_binned_search`, one program with static shapes). Calibrations
-(:mod:`jaxrdp.accounting.calibration`) run their safe-side search on the full evaluation, and
-the envelope gradient is taken at the one optimal order through its own split. The per-order
-quadrature is compiled only when something is left open (then it fills just those values). A
-traced grid uses the branch and bound of :mod:`jaxrdp.accounting.order_search` with the
-per-order quadrature: the same ε.
+sums and the shared nodes (:func:`jaxrdp.mechanisms.sampled_gaussian.log_a_and_rdp_at_orders`),
+and each refinement step evaluates as many rows of shared nodes as the grid's fractional
+orders take (:func:`_slot_layout`: 96 orders per step on the default grid, four steps). For
+concrete inputs the steps run from the host (:func:`_search_orders` and :func:`_search_update`,
+the grid and the refinement's slots in one program); for traced ones in one loop that holds
+only the rows of shared nodes (:func:`_grid_search`; the exact sums are evaluated once,
+before it): the same orders in the same rows, so the same ε. Long schedules (more than 64
+phases), traced or not, evaluate each phase only at the grid orders that bounds from the
+phases binned by σ leave in play, and refine in windows of 16 orders (:func:`_binned_search`,
+one program with static shapes). Calibrations (:mod:`jaxrdp.accounting.calibration`) run
+their safe-side search on the full evaluation, and the envelope gradient is taken at the one
+optimal order through its own split. The per-order quadrature is compiled only when
+something is left open (then it fills just those values). A traced grid uses the branch and
+bound of :mod:`jaxrdp.accounting.order_search` with the per-order quadrature and its own
+refinement (steps of 8 orders): the same ε to ~1e-11.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -50,7 +55,8 @@ from jaxrdp.accounting.conversion import epsilon_at_orders
 from jaxrdp.accounting.envelope import _concrete_split, _envelope, _prepare_gradient
 from jaxrdp.accounting.orders import DEFAULT_ORDERS
 
-REFINE_STEPS = 6         # refinement steps of 8 orders each (the bracket shrinks 4.5x per step)
+REFINE_STEPS = 6   # the branch and bound's refinement steps of order_search.BATCH = 8 orders
+                  # (the bracket shrinks 4.5x per step); a concrete grid's: refinement_steps
 
 
 def order_grid(orders, dtype):
@@ -186,19 +192,42 @@ def dpsgd_epsilon_unchecked(q, sigma, t, delta, grid, refine_order):
   return _envelope(eps, best, q, sigma, t, delta)
 
 
+def _slot_layout(split):
+  """(rows, width) of the refinement's orders on a concrete grid with ``split``: one row of
+  ``width`` orders (the longest group of shared nodes, order_search.BATCH without any) per
+  group of shared nodes, at least one. A refinement step then evaluates as many rows of
+  shared nodes as the grid's fractional orders take (the rows are padded to that width in
+  any case), and narrows the bracket (rows * width + 1)/2 times."""
+  widths = [len(g) for g in split.shared]
+  return max(1, len(widths)), max(widths, default=order_search.BATCH)
+
+
+_REFINEMENT_SHRINK = 1e6   # how many times a concrete grid's refinement narrows its bracket
+
+
+def refinement_steps(count):
+  """Steps of ``count`` orders each that narrow the refinement's bracket (about a grid
+  spacing) at least _REFINEMENT_SHRINK times, a step (count + 1)/2 times: the optimal order to
+  ~1e-7 of a spacing. The envelope gradient needs that where ε's σ-derivative changes fast
+  with the order (orders just above 1, at small σ: 1.6e8 per unit of α at σ = 0.03)."""
+  return math.ceil(math.log(_REFINEMENT_SHRINK) / math.log((count + 1) / 2) - 1e-9)
+
+
 def _with_slots(grid):
-  """(orders, split, tables) for a concrete grid: the grid followed by _BATCH slots for the
-  refinement's orders (placeholders here), with the split of the grid plus one shared-node
-  group for the slots; None for a traced grid. Every step of the search then evaluates the
-  same program: the grid and the slots together."""
+  """(orders, split, tables) for a concrete grid: the grid followed by the refinement's slots
+  (:func:`_slot_layout`; placeholders here), with the split of the grid plus one shared-node
+  group per row of slots; None for a traced grid. Every step of the eager search evaluates
+  this one program: the grid and the slots together."""
   split = sampled_gaussian.order_split(grid)
   if split is None:
     return None
   k = grid.shape[0]
-  slots = tuple(range(k, k + order_search.BATCH))
-  split = sampled_gaussian.OrderSplit(split.sums, split.shared + (slots,))
-  orders = np.concatenate([np.asarray(grid), np.linspace(1.5, 2.5, len(slots), dtype=grid.dtype)])
-  return orders, split, sampled_gaussian.order_tables(grid, split)
+  rows, width = _slot_layout(split)
+  slots = tuple(tuple(range(k + r * width, k + (r + 1) * width)) for r in range(rows))
+  orders = np.concatenate([np.asarray(grid),
+                           np.linspace(1.5, 2.5, rows * width, dtype=grid.dtype)])
+  return (orders, sampled_gaussian.OrderSplit(split.sums, split.shared + slots),
+          sampled_gaussian.order_tables(grid, split))
 
 
 def _work(arguments):
@@ -214,11 +243,11 @@ def _grid_values(q, sigma, t, delta, orders, split, tables, fallback):
   return _composed_epsilons(orders, rdp, delta), jnp.any(pending, axis=0)
 
 
-def _search_orders(state, orders, xp):
-  """The orders one step of the search evaluates: the grid and its slots, which hold the
-  refinement's orders after step 0. ``xp``: jax.numpy in a graph, numpy on the host."""
-  k = orders.shape[0] - order_search.BATCH
-  inside = order_search.refinement_orders(state[3], state[4], xp)
+def _search_orders(state, orders, n, xp):
+  """The orders one step of the eager search evaluates: the grid and its ``n`` slots, which
+  hold the refinement's orders after step 0. ``xp``: numpy (jax.numpy works as well)."""
+  k = orders.shape[0] - n
+  inside = order_search.refinement_orders(state[3], state[4], xp, count=n)
   if xp is np:
     slotted = orders.copy()
     slotted[k:] = inside
@@ -227,18 +256,19 @@ def _search_orders(state, orders, xp):
   return xp.where(state[0] == 0, orders, slotted)
 
 
-def _search_update(state, eps, pending, orders, refine_steps, xp):
-  """The search's state after a step with ε ``eps`` and open flags ``pending`` at the orders
-  of :func:`_search_orders`. Step 0 takes the best grid order and brackets the refinement
-  between its grid neighbours; each later step keeps the best of the _BATCH refinement orders
-  and narrows the bracket (:mod:`jaxrdp.accounting.order_search`, the same rules as the branch-and-bound
-  search). ``state``: (step, best ε, its order, bracket lo, hi, open, go): ``open`` says a
-  value that could matter was left open, ``go`` that another step is due."""
+def _search_update(state, eps, pending, grid, refine_steps, xp):
+  """The search's state after a step with ε ``eps`` and open flags ``pending`` at the grid's
+  orders followed by the refinement's (as :func:`_search_orders` lays them out). Step 0 takes
+  the best grid order and brackets the refinement between its grid neighbours; each later
+  step keeps the best of the refinement's orders and narrows the bracket
+  (:mod:`jaxrdp.accounting.order_search`, the same rules as the branch-and-bound search).
+  ``state``: (step, best ε, its order, bracket lo, hi, open, go): ``open`` says a value that
+  could matter was left open, ``go`` that another step is due. ``xp``: jax.numpy in a graph,
+  numpy on the host."""
   step, best, best_alpha, lo, hi, is_open, _ = state
-  k = orders.shape[0] - order_search.BATCH
-  grid = orders[:k]
+  k = grid.shape[0]
   usable = xp.isfinite(grid) & (grid > 1)
-  inside = order_search.refinement_orders(lo, hi, xp)
+  inside = order_search.refinement_orders(lo, hi, xp, count=eps.shape[0] - k)
   i = xp.argmin(eps[:k])
   eps_new = eps[k:]
   j = xp.argmin(eps_new)
@@ -269,44 +299,56 @@ def _search_result(state, delta, xp):
 
 @functools.partial(compilation.jit, static_argnames=("refine_steps", "split"), work=_work)
 def _grid_search(q, sigma, t, delta, orders, split, tables, refine_steps):
-  """(ε, its order) of :func:`_search_epsilon` on a concrete grid (``orders``, ``split``,
-  ``tables`` from :func:`_with_slots`), every step in one loop, with the per-order
-  quadrature for whatever the sums and shared nodes leave open."""
+  """(ε, its order) of the search of :func:`_concrete_epsilon` on a concrete grid ``orders``
+  with its ``split`` and ``tables``, every step in one loop that evaluates only the rows of
+  shared nodes: at step 0 the grid's groups (each padded to the width of the longest with its
+  last order, as :func:`jaxrdp.mechanisms.sampled_gaussian` lays them out), then the
+  refinement's orders in as many rows (:func:`_slot_layout`). Every other order (the exact
+  sums of the integer orders, and the per-order quadrature for any order outside the split's
+  groups) does not change between steps: evaluated once, outside the loop (a kernel inside a
+  loop also compiles ~1.5x slower). The same orders, in the same rows, as the eager search
+  (:func:`_search_update` decides both), so the same ε."""
   # A host grid becomes a graph constant here: when this function is inlined into an outer
   # trace (jax.jit(jax.vmap(f)), see jaxrdp._internal.compilation) it arrives as NumPy.
-  orders = jnp.asarray(orders)
-  evaluate = _evaluation_outside_the_loop(q, sigma, t, delta, orders, split, tables)
+  grid = jnp.asarray(orders)
+  k = grid.shape[0]
+  rows, width = _slot_layout(split)
+  n = rows * width
+  in_rows = np.zeros(k, bool)
+  for g in split.shared:
+    in_rows[list(g)] = True
+  outside = np.flatnonzero(~in_rows)
+  # Each grid order's place among (the values outside the loop, the rows' values).
+  source = np.zeros(k, int)
+  source[outside] = np.arange(outside.size)
+  padded = [g + (g[-1],) * (width - len(g)) for g in split.shared]
+  for r, g in enumerate(split.shared):
+    source[list(g)] = outside.size + r * width + np.arange(len(g))
+  first_rows = (grid[np.concatenate(padded)] if padded
+                else jnp.full((n,), 2.0, grid.dtype))   # no groups: a row not read at step 0
+  if outside.size:
+    renumber = np.cumsum(~in_rows) - 1
+    sums = tuple((tuple(int(i) for i in renumber[list(p)]), top) for p, top in split.sums)
+    eps_outside, _ = _grid_values(q, sigma, t, delta, grid[outside],
+                                  sampled_gaussian.OrderSplit(sums, ()), tables, fallback=True)
+  else:
+    eps_outside = jnp.zeros((0,), grid.dtype)
+  row_split = sampled_gaussian.OrderSplit(
+      (), tuple(tuple(range(r * width, (r + 1) * width)) for r in range(rows)))
 
   def step(state):
-    alphas = _search_orders(state, orders, jnp)
-    eps, pending = evaluate(alphas)
-    return _search_update(state, eps, pending, orders, refine_steps, jnp)
-  state = jax.tree_util.tree_map(jnp.asarray, _search_start(orders.dtype))
-  # Without refinement one step: no loop around the kernel (XLA compiles a kernel inside a
-  # loop ~1.5x slower).
+    first = state[0] == 0
+    inside = order_search.refinement_orders(state[3], state[4], count=n)
+    eps, _ = _grid_values(q, sigma, t, delta, jnp.where(first, first_rows, inside), row_split,
+                          (), fallback=True)
+    at_grid = jnp.concatenate([eps_outside, eps])[source]
+    eps = jnp.concatenate([at_grid, eps])
+    return _search_update(state, eps, jnp.zeros(eps.shape, bool), grid, refine_steps, jnp)
+  state = jax.tree_util.tree_map(jnp.asarray, _search_start(grid.dtype))
+  # Without refinement one step: no loop around the kernel.
   state = (step(state) if refine_steps == 0 else
            loops.while_loop(lambda st: st[-1], step, state, batched_as=(q, sigma, t, delta)))
   return _search_result(state, delta, jnp)[:2]
-
-
-def _evaluation_outside_the_loop(q, sigma, t, delta, orders, split, tables):
-  """``evaluate(alphas)`` -> (ε, open) of :func:`_grid_values` at the orders of a search step
-  (``alphas``: ``orders`` with the slots' values changed), with the exact sums of the integer
-  orders, which do not change between steps, computed once here: a search loop holds only
-  the shared nodes (the kernel in a loop compiles slower, and the sums need not run again)."""
-  parts = composition.order_parts(split, orders.shape[0])
-  if parts is None:
-    return lambda alphas: _grid_values(q, sigma, t, delta, alphas, split, tables, fallback=True)
-  (rest, rest_split), (summed, sums_split) = parts
-  eps_sums, open_sums = _grid_values(q, sigma, t, delta, orders[summed], sums_split, tables,
-                                     fallback=True)
-  back = np.argsort(np.concatenate([summed, rest]))   # each order's place among the two parts
-
-  def evaluate(alphas):
-    eps, is_open = _grid_values(q, sigma, t, delta, alphas[rest], rest_split, (), fallback=True)
-    return (jnp.concatenate([eps_sums, eps])[back],
-            jnp.concatenate([open_sums, is_open])[back])
-  return evaluate
 
 
 def _concrete_epsilon(q, sigma, t, delta, grid, refine_order):
@@ -321,19 +363,22 @@ def _concrete_epsilon(q, sigma, t, delta, grid, refine_order):
   if slotted is None:
     return None
   orders, split, tables = slotted
-  steps = REFINE_STEPS if refine_order and grid.shape[0] >= 2 else 0
+  n = orders.shape[0] - grid.shape[0]
+  steps = refinement_steps(n) if refine_order and grid.shape[0] >= 2 else 0
   if q.shape[0] > _BINNED_PHASES:   # traced or not: one program
     ascending = np.sort(grid)   # a window's orders ascend (one group of shared nodes)
     split, tables = _concrete_split(ascending)
     return _binned_search(q, sigma, t, delta, ascending, split, tables,
                           _WINDOW_REFINE_STEPS if steps else 0)
   if not validation.is_concrete((q, sigma, t, delta)):
-    return _grid_search(q, sigma, t, delta, orders, split, tables, steps)
+    return _grid_search(q, sigma, t, delta, np.asarray(grid), sampled_gaussian.order_split(grid),
+                        tables, steps)
   state = _search_start(orders.dtype)
+  grid = np.asarray(grid)
   while state[-1]:
-    alphas = _search_orders(state, orders, np)
+    alphas = _search_orders(state, orders, n, np)
     eps = _concrete_epsilons(q, sigma, t, delta, alphas, split, tables)
-    state = _search_update(state, eps, np.zeros(eps.shape, bool), orders, steps, np)
+    state = _search_update(state, eps, np.zeros(eps.shape, bool), grid, steps, np)
   eps, best, _ = _search_result(state, np.asarray(delta), np)
   return validation.to_device(eps), validation.to_device(best)
 
