@@ -53,7 +53,10 @@ def __dir__():
   return sorted(set(globals()) | set(_LAZY))
 
 
-__version__ = "0.1.0"
+# The one place the version is written: pyproject.toml reads this literal (setuptools' `attr`,
+# resolved from the source without importing jaxrdp, so building needs no jax). Keep it a plain
+# string assignment.
+__version__ = "1.0.0"
 
 __all__ = [
     "audit_statistics",
