@@ -797,9 +797,9 @@ CLI_VALID = {
 }
 NOT_A_NUMBER = ["abc", "", "1+1j", "True", "nan", "inf", "-inf", "1e400"]
 CLI_BAD = {
-    "--sampling-rate": NOT_A_NUMBER + ["-1", "-1e-300", "1.5"],
+    "--sampling-rate": NOT_A_NUMBER + ["-1", "-1e-300", "1.5", "3/2", "1/0", "1/2/3", "1/x"],
     "--noise-multiplier": NOT_A_NUMBER + ["0", "-1"],
-    "--steps": ["abc", "", "2.5", "1e3", "0", "-5", "nan", "inf"],
+    "--steps": ["abc", "", "2.5", "1.5e0", "5/2", "0", "-5", "nan", "inf"],
     "--delta": NOT_A_NUMBER + ["0", "1", "-1e-5", "1.5"],
     "--epsilon": NOT_A_NUMBER + ["0", "-1"],
     "--dataset-size": ["abc", "", "2.5", "0", "-1"],
@@ -815,6 +815,12 @@ CLI_EXTRA = [   # (argv, flag named in the message)
     (["epsilon", "--accountant", "pld", "--orders", "2,3"], "--orders"),
     (["calibrate", "--accountant", "tight"], "--accountant"),
     (["dpsgd", "--accountant", ""], "--accountant"),
+    # --dataset-size/--batch-size/--epochs are the alternative to --sampling-rate/--steps
+    (["epsilon", "--dataset-size", "1000"], "--dataset-size"),
+    (["calibrate", "--epochs", "1"], "--epochs"),
+    (["calibrate", "--noise-multiplier", "1.1"], "--noise-multiplier"),
+    (["calibrate", "--solve-for", "steps"], "--noise-multiplier"),
+    (["calibrate", "--solve-for", "sigma"], "--solve-for"),
 ]
 
 
@@ -855,7 +861,9 @@ def test_cli_table_covers_every_subcommand_and_flag():
   for cmd in CLI_VALID:
     flags = {o for a in commands[cmd]._actions for o in a.option_strings if o.startswith("--")}
     optional = ({"--orders"} if cmd == "epsilon" else set()) | (
-        {"--accountant"} if cmd in ("epsilon", "calibrate", "dpsgd") else set())
+        {"--accountant"} if cmd in ("epsilon", "calibrate", "dpsgd") else set()) | (
+        {"--dataset-size", "--batch-size", "--epochs"} if cmd in ("epsilon", "calibrate")
+        else set()) | ({"--solve-for", "--noise-multiplier"} if cmd == "calibrate" else set())
     assert flags - {"--help", "--json"} == set(CLI_VALID[cmd]) | optional
 
 

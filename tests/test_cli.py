@@ -36,7 +36,10 @@ def _run_json(capsys, argv):
 def test_epsilon_json_matches_library(capsys):
   got = _run_json(capsys, ["epsilon"] + MECHANISM)
   eps, order, refined = _library(Q, SIGMA, T, DELTA)
-  assert set(got) == {"epsilon", "order", "epsilon_refined", "epsilon_classic", "order_classic"}
+  assert set(got) == {"sampling_rate", "noise_multiplier", "steps", "delta", "accountant",
+                      "epsilon", "order", "epsilon_refined", "epsilon_classic", "order_classic"}
+  assert (got["sampling_rate"], got["noise_multiplier"], got["steps"], got["delta"]) == (
+      Q, SIGMA, T, DELTA)
   assert {k: got[k] for k in ("epsilon", "order", "epsilon_refined")} == pytest.approx(
       {"epsilon": eps, "order": order, "epsilon_refined": refined}, rel=1e-12)
   assert got["epsilon_classic"] > got["epsilon"]   # the classic conversion is looser
@@ -85,6 +88,7 @@ def test_dpsgd_statement(capsys):
   assert got["epsilon_classic"] > got["epsilon"]
   assert cli.main(argv) == 0
   text = capsys.readouterr().out
+  assert text.splitlines()[0] == f"ε = {refined:.4g} (δ = 1e-05, RDP, order ≈ {order:g})"
   for piece in ("Poisson sampling", f"{q:.6g}", f"= {steps}", f"{eps:.6g}", f"{order:g}",
                 f"{refined:.6g}", f"{got['epsilon_classic']:.6g}", "classic conversion"):
     assert piece in text
@@ -166,7 +170,9 @@ def test_plot_writes_png(tmp_path, capsys):
   out = tmp_path / "eps.png"
   assert cli.main(["plot"] + MECHANISM + ["--out", str(out)]) == 0
   assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-  assert str(out) in capsys.readouterr().out
+  eps, order, _ = _library(Q, SIGMA, T, DELTA)
+  assert capsys.readouterr().out.splitlines() == [
+      f"ε = {eps:.4g} after {T} steps (δ = 1e-05, RDP, order {order:g})", f"wrote {out}"]
 
 
 def test_plot_without_matplotlib(tmp_path, capsys, monkeypatch):

@@ -1,0 +1,150 @@
+"""``jaxrdp sweep``: ε over the grid of all combinations of (q, σ, steps, δ), as a table
+(CSV, Parquet) and/or a heatmap (:func:`jaxrdp.accounting.sweep.sweep`: grid orders)."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from jaxrdp.accounting.sweep import sweep as _sweep
+from jaxrdp.cli.commands import grid, headline
+from jaxrdp.cli.parsing import fail, fmt
+
+VALUES = """\
+Grid values (--sampling-rates, --noise-multipliers, --steps, --deltas): comma-separated items,
+each a number or a range START:STOP:NUM[:log|:lin] of NUM values from START to STOP, both
+included, evenly spaced (lin, the default) or log-spaced (log; START, STOP > 0). Examples:
+  --sampling-rates 1e-4:1e-1:100:log   --noise-multipliers 0.5:5:100
+  --steps 100,1000,10000               --deltas 1e-5,1e-6
+Range values of --steps are rounded to whole numbers (duplicates dropped).
+
+Output: --out FILE.csv writes one row per grid point, columns
+sampling_rate,noise_multiplier,steps,delta,epsilon (epsilon at the best grid order, as
+jaxrdp.sweep / dpsgd_epsilon(refine_order=False)); --out FILE.parquet needs pyarrow.
+--heatmap FILE.png draws epsilon over sampling rate x noise multiplier for one (steps, delta):
+the first of each, or --heatmap-steps / --heatmap-delta (values of the grid).
+"""
+
+
+def _pick(flag, grid_flag, grid, value):
+  if value is None:
+    return 0
+  hit = np.flatnonzero(np.isclose(grid, value, rtol=1e-9, atol=0))
+  if hit.size == 0:
+    fail(f"{flag} must be one of the {grid_flag} values ({', '.join(fmt(v) for v in grid)}), "
+          f"got {fmt(value)}")
+  return int(hit[0])
+
+
+def _writable(flag, path) -> None:
+  import os
+  parent = os.path.dirname(os.path.abspath(path))
+  if os.path.isdir(path) or not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+    fail(f"{flag} cannot be written: {path}")
+
+
+def _write_table(path, axes, eps) -> None:
+  names = ("sampling_rate", "noise_multiplier", "steps", "delta")
+  if path.endswith(".parquet"):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    columns = {n: c.ravel() for n, c in zip(names, np.meshgrid(*axes, indexing="ij"))}
+    columns["steps"] = columns["steps"].astype(np.int64)
+    columns["epsilon"] = eps.ravel()
+    pq.write_table(pa.table(columns), path)
+    return
+  import csv
+  import itertools
+  text = [[repr(float(v)) for v in a] for a in axes]
+  text[2] = [str(int(v)) for v in axes[2]]
+  with open(path, "w", newline="") as f:
+    writer = csv.writer(f)
+    writer.writerow(names + ("epsilon",))
+    writer.writerows(cell + (repr(e),) for cell, e in zip(itertools.product(*text),
+                                                          eps.ravel().tolist()))
+
+
+def _cell_edges(v, log):
+  """Edges of cells centred on the sorted grid values v (geometric midpoints on a log axis)."""
+  x = np.log(v) if log else np.asarray(v, np.float64)
+  if x.size == 1:
+    half = 0.1 if log else max(0.5 * abs(x[0]), 0.5)
+    edges = np.array([x[0] - half, x[0] + half])
+  else:
+    mid = 0.5 * (x[1:] + x[:-1])
+    edges = np.concatenate([[2 * x[0] - mid[0]], mid, [2 * x[-1] - mid[-1]]])
+  return np.exp(edges) if log else edges
+
+
+def _write_heatmap(path, q, sigma, eps, steps, delta) -> None:
+  from matplotlib import colors
+  from matplotlib.figure import Figure
+  fig = Figure(figsize=(7, 5), layout="constrained")
+  ax = fig.subplots()
+  z = np.ma.masked_invalid(np.where(eps > 0, eps, np.nan)).T   # rows: sigma, columns: q
+  norm = colors.LogNorm() if z.count() else None
+  log_q = q.size >= 2 and q.min() > 0 and q.max() / q.min() >= 10
+  mesh = ax.pcolormesh(_cell_edges(q, log_q), _cell_edges(sigma, False), z, norm=norm,
+                       cmap="viridis")
+  fig.colorbar(mesh, ax=ax, label="epsilon")
+  if q.size >= 2 and sigma.size >= 2 and z.count():
+    levels = [v for v in (0.5, 1, 2, 4, 8, 16, 32) if z.min() < v < z.max()]
+    if levels:
+      lines = ax.contour(q, sigma, z, levels=levels, colors="white", linewidths=0.8)
+      ax.clabel(lines, fmt="%g", fontsize=8)
+  if log_q:
+    ax.set_xscale("log")
+  ax.set_xlabel("sampling rate q")
+  ax.set_ylabel("noise multiplier sigma")
+  ax.set_title(f"epsilon after {int(steps)} steps, delta = {delta:g}")
+  fig.savefig(path, dpi=100)
+
+
+def cmd_sweep(args, out) -> None:
+  if args.out is None and args.heatmap is None:
+    fail("--out (a .csv or .parquet file) or --heatmap (a .png file) is required")
+  if args.out is not None:
+    _writable("--out", args.out)
+    if args.out.endswith(".parquet"):
+      try:
+        import pyarrow.parquet  # noqa: F401
+      except ImportError:
+        fail("--out FILE.parquet needs pyarrow: pip install pyarrow (or write a .csv file)")
+  if args.heatmap is not None:
+    _writable("--heatmap", args.heatmap)
+    try:
+      import matplotlib.figure  # noqa: F401
+    except ImportError:
+      fail("--heatmap needs matplotlib: pip install matplotlib")
+  t_index = _pick("--heatmap-steps", "--steps", args.steps, args.heatmap_steps)
+  d_index = _pick("--heatmap-delta", "--deltas", args.deltas, args.heatmap_delta)
+  if args.progress:
+    try:
+      import tqdm  # noqa: F401
+    except ImportError:
+      fail("--progress needs tqdm: pip install tqdm")
+  axes = (args.sampling_rates, args.noise_multipliers, args.steps, args.deltas)
+  with jax.enable_x64(True):
+    eps = np.asarray(_sweep(*axes, orders=None if args.orders is None else grid(args.orders),
+                            chunk_size=args.chunk_size, progress=args.progress))
+  wrote = []
+  if args.out is not None:
+    try:
+      _write_table(args.out, axes, eps)
+    except OSError as err:
+      fail(f"--out cannot be written: {' '.join(str(err).split())}")
+    counts = "{} sampling rates x {} noise multipliers x {} steps x {} deltas".format(*eps.shape)
+    wrote.append(f"wrote {args.out} ({eps.size} rows: {counts})")
+  if args.heatmap is not None:
+    steps, delta = args.steps[t_index], args.deltas[d_index]
+    try:
+      _write_heatmap(args.heatmap, args.sampling_rates, args.noise_multipliers,
+                     eps[:, :, t_index, d_index], steps, delta)
+    except (OSError, ValueError) as err:
+      fail(f"--heatmap cannot be written: {' '.join(str(err).split())}")
+    wrote.append(f"wrote {args.heatmap} (epsilon at steps = {int(steps)}, delta = {delta:g})")
+  finite = eps[np.isfinite(eps)]
+  span = (f"ε from {finite.min():.4g} to {finite.max():.4g}" if finite.size
+          else "ε not finite")
+  headline(out, f"{span} over {eps.size} grid points (RDP, grid orders)")
+  print("\n".join(wrote), file=out)
