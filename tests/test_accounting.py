@@ -37,7 +37,7 @@ def test_classic_conversion_is_the_published_formula():
   # method="classic": ε = min over the grid of Σ T_i RDP_i(α) + log(1/δ)/(α − 1) (Mironov 2017,
   # Prop. 3; TF Privacy's tutorials, Abadi et al. 2016), here in NumPy from compute_rdp's curve;
   # never below the default (improved) conversion; the same under jit and what the CLI prints.
-  from jaxrdp.cli import main as cli
+  from jaxrdp.cli import commands as cli
   grid = jaxrdp.DEFAULT_ORDERS
   for q, sigma, steps, delta in [(0.01, 1.1, 10_000, 1e-5), ((0.02, 0.005), (0.9, 1.6), (300, 4000), 1e-6)]:
     rdp = np.asarray(jaxrdp.compute_rdp(np.atleast_1d(q)[:, None] * 1.0, np.atleast_1d(sigma)[:, None],
@@ -51,7 +51,7 @@ def test_classic_conversion_is_the_published_formula():
   np.testing.assert_allclose(float(jitted(jnp.asarray(1.6))),
                              float(jaxrdp.dpsgd_epsilon(0.02, 1.6, 4000, 1e-6, method="classic")),
                              rtol=1e-13)
-  np.testing.assert_allclose(cli._epsilons(0.01, 1.1, 10_000, 1e-5)[3],
+  np.testing.assert_allclose(cli.epsilons(0.01, 1.1, 10_000, 1e-5)[3],
                              float(jaxrdp.dpsgd_epsilon(0.01, 1.1, 10_000, 1e-5, method="classic")),
                              rtol=1e-13)
   # Differentiable: d ε/d σ against central differences.
