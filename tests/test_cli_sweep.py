@@ -12,21 +12,13 @@ import pytest
 
 from jaxrdp.cli import main as cli
 from jaxrdp.accounting.sweep import sweep
+from cli_errors import exit_2
 
 GRID = ["--sampling-rates", "1e-3:1e-1:4:log", "--noise-multipliers", "0.8,1.5,4",
         "--steps", "10,1000,100000", "--deltas", "1e-5,1e-9"]
 AXES = (np.geomspace(1e-3, 1e-1, 4), np.array([0.8, 1.5, 4.0]), np.array([10.0, 1000.0, 1e5]),
         np.array([1e-5, 1e-9]))
 COLUMNS = ["sampling_rate", "noise_multiplier", "steps", "delta", "epsilon"]
-
-
-def _exit_2(capsys, argv):
-  with pytest.raises(SystemExit) as exc:
-    cli.main(argv)
-  assert exc.value.code == 2
-  err = capsys.readouterr().err
-  assert err.startswith("jaxrdp: error: ") and err.count("\n") == 1 and "Traceback" not in err
-  return err
 
 
 def test_csv_round_trip_equals_jaxrdp_sweep(tmp_path, capsys):
@@ -95,14 +87,14 @@ def test_bad_flags_exit_2_naming_the_flag(capsys, tmp_path, change, flag):
   args = dict(zip(GRID[::2], GRID[1::2]), **{"--out": str(tmp_path / "x.csv")})
   args.update(change)
   argv = ["sweep"] + [v for k, val in args.items() if val is not None for v in (k, val)]
-  assert flag in _exit_2(capsys, argv)
+  assert flag in exit_2(capsys, argv)
   assert not (tmp_path / "x.csv").exists()
 
 
 def test_parquet_without_pyarrow_exits_2(capsys, tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, "pyarrow", None)
   monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
-  err = _exit_2(capsys, ["sweep"] + GRID + ["--out", str(tmp_path / "r.parquet")])
+  err = exit_2(capsys, ["sweep"] + GRID + ["--out", str(tmp_path / "r.parquet")])
   assert "--out" in err and "pip install pyarrow" in err
 
 

@@ -15,6 +15,7 @@ import pytest
 import jaxrdp
 from jaxrdp.cli import commands, parsing
 from jaxrdp.cli import main as cli
+from cli_errors import exit_2
 
 N, B, E = 60_000, 600, 100
 Q, SIGMA, T, DELTA = B / N, 1.1, 10_000, 1e-5
@@ -32,15 +33,6 @@ def _json(capsys, argv):
 def _text(capsys, argv):
   assert cli.main(argv) == 0
   return capsys.readouterr().out.splitlines()
-
-
-def _exit_2(capsys, argv):
-  with pytest.raises(SystemExit) as exc:
-    cli.main(argv)
-  assert exc.value.code == 2
-  err = capsys.readouterr().err
-  assert err.startswith("jaxrdp: error: ") and err.count("\n") == 1 and "Traceback" not in err
-  return err
 
 
 # --- numbers ----------------------------------------------------------------------------------
@@ -64,7 +56,7 @@ def test_a_count_that_is_not_whole_is_refused(text):
 
 
 def test_steps_in_scientific_notation_that_is_not_whole_names_the_flag(capsys):
-  err = _exit_2(capsys, ["epsilon", "--sampling-rate", "0.01", "--steps", "1.5e0"] + REST)
+  err = exit_2(capsys, ["epsilon", "--sampling-rate", "0.01", "--steps", "1.5e0"] + REST)
   assert "--steps must be a whole number, got '1.5e0'" in err
 
 
@@ -150,7 +142,7 @@ def test_calibrate_solves_for_the_steps_also_in_epochs(capsys):
       "--dataset-size", "100"] + TARGET, ["--dataset-size"]),
 ])
 def test_missing_or_superfluous_flags_exit_2_naming_them(capsys, argv, flags):
-  err = _exit_2(capsys, argv)
+  err = exit_2(capsys, argv)
   assert all(flag in err for flag in flags), err
 
 

@@ -81,17 +81,25 @@ def calibrate_noise_multiplier(target_epsilon: jax.typing.ArrayLike, delta: jax.
     return _pld_calibration("noise_multiplier", target_epsilon, delta, safe,
                             sampling_rate=sampling_rate, steps=steps)
   q, _, t = schedule_phases(sampling_rate, 1.0, steps)
-  grid = order_grid(orders, q.dtype)
-  valid = validation.all_in_domains(target_epsilon=target_epsilon, delta=delta,
-                                    sampling_rate=q, steps=t, orders=grid)
-  target, delta = (validation.to_device(v, q.dtype) for v in (target_epsilon, delta))
-  result = _calibrated("noise_multiplier", target, delta, q, t, grid)
+  return _rdp_calibration("noise_multiplier", target_epsilon, delta, q, t, orders,
+                          "with any noise multiplier up to 1e8 for this schedule and delta")
+
+
+def _rdp_calibration(unknown, target_epsilon, delta, fixed, t, orders, unreachable):
+  """The RDP calibration of ``unknown`` ("noise_multiplier" or "sampling_rate") after the
+  public function's checks, ``fixed`` (the other of the two) and ``t`` as phase arrays.
+  Eagerly, ValueError where no value reaches the target (``unreachable`` says what was
+  searched); under jit NaN there, and NaN for an argument outside its domain: the search would
+  otherwise return an end of its bracket or an answer for a meaningless target (σ = 1e-4 or
+  q = 1 for δ > 1), a plausible and unsafe number."""
+  grid = order_grid(orders, fixed.dtype)
+  other = "sampling_rate" if unknown == "noise_multiplier" else "noise_multiplier"
+  valid = validation.all_in_domains(target_epsilon=target_epsilon, delta=delta, steps=t,
+                                    orders=grid, **{other: fixed})
+  target, delta = (validation.to_device(v, fixed.dtype) for v in (target_epsilon, delta))
+  result = _calibrated(unknown, target, delta, fixed, t, grid)
   if validation.is_concrete(result) and np.isnan(np.asarray(result)):
-    raise ValueError(f"target_epsilon={float(target_epsilon)} is not reachable with any noise "
-                     "multiplier up to 1e8 for this schedule and delta.")
-  # Under jit, NaN for an argument outside its domain: the search would otherwise return an
-  # end of its bracket or a σ for a meaningless target (σ = 1e-4 for δ > 1), a plausible
-  # and unsafe answer.
+    raise ValueError(f"target_epsilon={float(target_epsilon)} is not reachable {unreachable}.")
   return validation.nan_where_invalid(valid, result)
 
 
@@ -224,17 +232,9 @@ def calibrate_sampling_rate(target_epsilon: jax.typing.ArrayLike, delta: jax.typ
     return _pld_calibration("sampling_rate", target_epsilon, delta, safe,
                             noise_multiplier=noise_multiplier, steps=steps)
   _, sigma, t = schedule_phases(0.5, noise_multiplier, steps)
-  grid = order_grid(orders, sigma.dtype)
-  valid = validation.all_in_domains(target_epsilon=target_epsilon, delta=delta,
-                                    noise_multiplier=sigma, steps=t, orders=grid)
-  target, delta = (validation.to_device(v, sigma.dtype) for v in (target_epsilon, delta))
-  result = _calibrated("sampling_rate", target, delta, sigma, t, grid)
-  if validation.is_concrete(result) and np.isnan(np.asarray(result)):
-    raise ValueError(f"target_epsilon={float(target_epsilon)} is not reachable with any sampling "
-                     "rate >= 1e-12 for this noise multiplier, step count and delta.")
-  # Under jit, NaN for an argument outside its domain: the search would otherwise return an
-  # end of its bracket (q = 1 for δ > 1), a plausible answer.
-  return validation.nan_where_invalid(valid, result)
+  return _rdp_calibration("sampling_rate", target_epsilon, delta, sigma, t, orders,
+                          "with any sampling rate >= 1e-12 for this noise multiplier, step count "
+                          "and delta")
 
 
 def calibrate_steps(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.ArrayLike,
