@@ -67,6 +67,17 @@ def test_a_traced_grid_smaller_than_a_batch_is_refined_like_a_concrete_one(size)
   assert float(concrete) <= float(traced) * (1 + 1e-13)
 
 
+@pytest.mark.parametrize("grid", [[1.5, 2.0, 4.0, 8.0], [1.5, 2.5], [3.25]])
+def test_a_grid_with_a_group_of_one_or_two_fractional_orders_is_refined(grid):
+  # A regression: one fractional order made a refinement row of one order, whose step does not
+  # narrow the bracket (ZeroDivisionError counting the steps). Rows are at least 8 orders wide:
+  # eager and jit agree, and the refined ε is never above the grid's.
+  eps = lambda s, **kw: jaxrdp.dpsgd_epsilon(0.01, s, 1000.0, 1e-5, orders=grid, **kw)
+  eager = float(eps(1.1))
+  assert np.isfinite(eager) and eager <= float(eps(1.1, refine_order=False))
+  assert float(jax.jit(eps)(1.1)) == pytest.approx(eager, rel=1e-12)
+
+
 def test_a_trajectory_over_a_small_grid_equals_each_prefix_epsilon():
   # A regression: the trajectory refines every prefix with grid_epsilon, which crashed on a
   # grid of two orders. Reference: dpsgd_epsilon of each prefix on the same grid.

@@ -194,12 +194,12 @@ def dpsgd_epsilon_unchecked(q, sigma, t, delta, grid, refine_order):
 
 def _slot_layout(split):
   """(rows, width) of the refinement's orders on a concrete grid with ``split``: one row of
-  ``width`` orders (the longest group of shared nodes, order_search.BATCH without any) per
+  ``width`` orders (the longest group of shared nodes, at least order_search.BATCH) per
   group of shared nodes, at least one. A refinement step then evaluates as many rows of
   shared nodes as the grid's fractional orders take (the rows are padded to that width in
   any case), and narrows the bracket (rows * width + 1)/2 times."""
   widths = [len(g) for g in split.shared]
-  return max(1, len(widths)), max(widths, default=order_search.BATCH)
+  return max(1, len(widths)), max(widths + [order_search.BATCH])
 
 
 _REFINEMENT_SHRINK = 1e6   # how many times a concrete grid's refinement narrows its bracket
