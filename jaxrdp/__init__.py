@@ -31,12 +31,14 @@ import importlib as _importlib
 # The optax transforms and the audit (which import optax) load on first use: an accounting
 # query does not pay for importing optax.
 _LAZY = {
-    **dict.fromkeys(("AuditResult", "audit_statistics", "audit_transform", "clopper_pearson_upper",
-                     "epsilon_lower_bound"), "jaxrdp.audit.canary"),
+    **dict.fromkeys(("AuditResult", "audit_transform"), "jaxrdp.audit.canary"),
+    "audit_statistics": "jaxrdp.audit.trials",
+    **dict.fromkeys(("clopper_pearson_upper", "epsilon_lower_bound"), "jaxrdp.audit.bounds"),
     **dict.fromkeys(("RelativeGaussianNoiseState", "rdp_relative_gaussian_descent",
                      "relative_gaussian_noise"), "jaxrdp.training.relative_gaussian_transform"),
-    **dict.fromkeys(("DifferentiallyPrivateAggregateState", "differentially_private_aggregate",
-                     "dpsgd", "privacy_spent", "rdp_spent"), "jaxrdp.training.transform"),
+    **dict.fromkeys(("differentially_private_aggregate", "dpsgd"), "jaxrdp.training.transform"),
+    "DifferentiallyPrivateAggregateState": "jaxrdp.training.state",
+    **dict.fromkeys(("privacy_spent", "rdp_spent"), "jaxrdp.training.spent"),
 }
 
 

@@ -111,6 +111,16 @@ def test_wheel_holds_the_package_and_nothing_else(dists):
   assert modules <= names, sorted(modules - names)
 
 
+def test_wheel_ships_the_license(dists):
+  _, wheel, _ = dists
+  with zipfile.ZipFile(wheel) as zf:
+    # setuptools' default license-files patterns pick up LICENSE: dist-info/LICENSE, or
+    # dist-info/licenses/LICENSE with newer setuptools (PEP 639).
+    licenses = [n for n in zf.namelist() if ".dist-info/" in n and n.endswith("LICENSE")]
+    assert licenses, "no LICENSE in the wheel's dist-info"
+    assert "Apache License" in zf.read(licenses[0]).decode()
+
+
 def test_wheel_installs_the_command_line(dists):
   _, wheel, _ = dists
   entry_points = _wheel_file(wheel, "entry_points.txt")
@@ -124,8 +134,8 @@ def test_sdist_holds_the_sources(dists):
   with tarfile.open(sdist) as tf:
     names = set(tf.getnames())
     pkg_info = email.message_from_bytes(tf.extractfile(f"{prefix}/PKG-INFO").read())
-  for name in ("pyproject.toml", "README.md", "PKG-INFO", "jaxrdp/__init__.py", "jaxrdp/py.typed",
-               "jaxrdp/cli/main.py"):
+  for name in ("pyproject.toml", "README.md", "LICENSE", "PKG-INFO", "jaxrdp/__init__.py",
+               "jaxrdp/py.typed", "jaxrdp/cli/main.py"):
     assert f"{prefix}/{name}" in names, name
   assert pkg_info["Version"] == jaxrdp.__version__
 

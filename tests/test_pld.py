@@ -271,8 +271,8 @@ def test_epsilon_increases_with_steps():
 def test_delta_at_the_returned_epsilon_is_the_requested_delta():
   # ε(δ) is the root of δ(ε) = δ on the same discretised PLD: pld_delta inverts pld_epsilon.
   # Each reads a composition tilted at its own Chernoff order and raised by its own rounding
-  # bound (jaxrdp.accounting.pld._spectrum_error), a few 1e-6 of δ here: the two agree to that,
-  # and δ(ε(δ)) is never below δ (both are upper bounds of the same exact curve).
+  # bound (jaxrdp.accounting.pld.convolution._spectrum_error), a few 1e-6 of δ here: the two
+  # agree to that, and δ(ε(δ)) is never below δ (both are upper bounds of the same exact curve).
   grid = _shared_grid()
   for delta in (1e-8, 1e-6, 1e-5):
     eps = jaxrdp.pld_epsilon(Q, SIGMA, T, delta, pld_grid=grid)

@@ -150,14 +150,15 @@ def test_many_phases_are_composed_in_chunks_with_the_same_value_and_gradient(mon
   # lax.scan (bounded memory); forcing chunks of 2 phases (5 = 2 + 2 + 1 padded) must give the
   # value and the gradient of the single-pass computation.
   from jaxrdp.accounting import pld
+  from jaxrdp.accounting.pld import convolution
   q, sigma, steps = np.full(5, 0.02), np.linspace(1.0, 2.0, 5), np.full(5, 50.0)
   grid = jaxrdp.pld_grid(q, sigma, steps)
   epsilon = pld.pld_epsilon_unchecked.__wrapped__   # the kernel itself: traced afresh below
   run = lambda: jax.jit(jax.value_and_grad(   # a new function: a new trace, no cached one
       lambda s: epsilon(q, s, steps, jnp.float64(DELTA), grid)))(sigma)
   whole, whole_grad = run()
-  monkeypatch.setattr(pld, "MAX_ELEMENTS", 2 * 2 * max(grid.bins, grid.pmf_bins))
-  assert pld._phase_chunk(grid) == 2
+  monkeypatch.setattr(convolution, "MAX_ELEMENTS", 2 * 2 * max(grid.bins, grid.pmf_bins))
+  assert convolution._phase_chunk(grid) == 2
   chunked, chunked_grad = run()
   assert float(chunked) == pytest.approx(float(whole), rel=1e-10)   # summation order only
   np.testing.assert_allclose(chunked_grad, whole_grad, rtol=1e-10)
@@ -177,13 +178,13 @@ def test_epsilon_read_from_a_window_wider_than_700_is_never_below_the_truth():
   # meet δ by the direct sum δ(ε) = Σ_k p_k (1 − e^{ε − l_k})₊ (no reference point, no
   # overflow), and be tight within one grid step. (Read-out weights once capped at e^700
   # made the far bins count too little and the ε too small.)
-  from jaxrdp.accounting import pld
+  from jaxrdp.accounting.pld import readout
   window = np.zeros((1, 2048))
   window[0, [90, 100, 1500, 2000]] = [0.1, 0.4, 0.3, 0.2]
   first, p_inf, interval = jnp.zeros(1, jnp.int64), jnp.zeros(1), 1.0
   for delta in (0.75, 0.6, 0.45, 0.1):
     log_mass = jnp.log(jnp.asarray(window))
-    eps = float(pld._epsilon_of(first, log_mass, p_inf, delta, interval)[0])
-    exact = lambda e: float(pld._delta_of(first, log_mass, p_inf, e, interval)[0])
+    eps = float(readout._epsilon_of(first, log_mass, p_inf, delta, interval)[0])
+    exact = lambda e: float(readout._delta_of(first, log_mass, p_inf, e, interval)[0])
     assert exact(eps) <= delta * (1 + 1e-12), (delta, eps, exact(eps))
     assert exact(max(eps - interval, 0.0)) > delta or eps == 0.0, (delta, eps)

@@ -57,7 +57,7 @@ def test_small_delta_is_never_reported_below_at_the_exact_epsilon():
 
 def test_zero_steps_give_zero_epsilon_and_zero_delta():
   assert float(jaxrdp.pld_epsilon(0.01, 1.0, 0, 1e-5)) == 0.0     # once +inf
-  # δ: 0 up to the certified rounding allowance (jaxrdp.accounting.pld._composed)
+  # δ: 0 up to the certified rounding allowance (jaxrdp.accounting.pld.convolution._composed)
   assert 0.0 <= float(jaxrdp.pld_delta(0.01, 1.0, 0, 0.5)) < 1e-15  # once NaN
 
 

@@ -142,7 +142,7 @@ def test_float32_rdp_is_within_the_conversion_margin_and_epsilon_never_below_flo
   normal = np.isfinite(r64) & (r64 > 1e-30)   # float32 keeps relative precision there
   rel = np.abs(r32[normal] - r64[normal]) / r64[normal]
   assert rel.max() <= conversion._RDP_REL_ERROR_FLOAT32   # the margin compute_epsilon adds
-  assert np.median(rel) <= 1e-5                  # README "Measured": ~1e-5 typical
+  assert np.median(rel) <= 1e-5                  # docs/trust.md, Accuracy: ~1e-5 typical
   steps = 1000.0
   delta = p[:, 2]
   eps32, _ = jaxrdp.compute_epsilon(jnp.asarray(orders, jnp.float32), jnp.asarray(r32 * steps, jnp.float32),

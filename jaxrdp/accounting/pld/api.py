@@ -1,0 +1,161 @@
+r"""The public functions of the PLD accountant: checks, sizes from concrete values, float64.
+
+:func:`pld_epsilon` and :func:`pld_delta` check their arguments eagerly, size the grid where
+the parameters are concrete (or take ``pld_grid=``, from :func:`pld_grid`), run the kernels of
+:mod:`jaxrdp.accounting.pld.readout` and give NaN under ``jax.jit`` where an argument is
+invalid.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrdp._internal import validation
+from jaxrdp.accounting import composition
+from jaxrdp.accounting.pld.discretisation import DEFAULT_INTERVAL, DEFAULT_TAIL_MASS, PldGrid
+from jaxrdp.accounting.pld.readout import pld_delta_unchecked, pld_epsilon_unchecked
+from jaxrdp.accounting.pld.sizing import _host_values, grid_for, grid_of
+
+
+def pld_grid(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
+             steps: jax.typing.ArrayLike, *, interval: float = DEFAULT_INTERVAL,
+             tail_mass: float = DEFAULT_TAIL_MASS) -> PldGrid:
+  r"""The grid sizes of a PLD computation, from concrete parameters.
+
+  Pass the result as ``pld_grid=`` to :func:`pld_epsilon` (or ``dpsgd_epsilon(...,
+  accountant="pld")``) inside ``jax.jit``, where the parameters are traced and the sizes (array
+  shapes) cannot be read from them. A grid fits every schedule whose steps' loss ranges and
+  composed loss are no wider than those of the schedules it was made for: for a family of
+  schedules, make it for the widest (smallest σ, largest q and T) or pass the whole family
+  (arrays of any shape; the last axis is the phases, leading axes are schedules).
+  A schedule wider than its grid still gets a valid, looser ε (more mass counted as infinite
+  loss), never a smaller one.
+
+  Args:
+    sampling_rate, noise_multiplier, steps: a schedule (scalars or 1-D phase arrays), or
+      schedules (arrays whose last axis is the phases), broadcasting against each other.
+    interval: Δ, the spacing of the loss grid, in (0, 1] (dp_accounting's
+      ``value_discretization_interval``; default 1e-4, its PLDAccountant's).
+    tail_mass: the composed mass above the window aimed at, in (0, 1) (its bound is added to
+      δ, so keep it well below the δ the grid will be read at: at most δ/1000 for a tight ε;
+      grids sized by ``pld_epsilon`` itself take min(1e-15, δ/1000)).
+
+  Returns:
+    A :class:`PldGrid` (hashable, static under ``jax.jit``).
+
+  Raises:
+    ValueError: an argument outside its range, or a schedule whose PLD would need more than
+      :data:`MAX_BINS` points at this interval (the message names the interval that fits).
+  """
+  validation.check_all(sampling_rate=sampling_rate, noise_multiplier=noise_multiplier,
+                       steps=steps)
+  validation.check("pld_interval", interval, name="interval")
+  validation.check("tail_mass", tail_mass)
+  values = [_host_values(v) for v in (sampling_rate, noise_multiplier, steps)]
+  if any(v is None for v in values):
+    raise TypeError("pld_grid needs concrete parameters (it sets array shapes); call it "
+                    "outside jax.jit.")
+  return grid_for(*values, interval=float(interval), tail_mass=float(tail_mass))
+
+
+def checked_phases(sampling_rate, noise_multiplier, steps, what):
+  """Checked float64 phase arrays (q, σ, T), T whole numbers (eagerly)."""
+  q, sigma, t = composition.schedule_phases(sampling_rate, noise_multiplier, steps)
+  if q.dtype != np.float64:
+    raise TypeError(
+        f"{what} computes in float64 only, got {np.dtype(q.dtype).name} arguments: float32 cannot "
+        "resolve the PLD's bin masses (see jaxrdp.accounting.pld). Enable 64-bit JAX "
+        "(jax.config.update('jax_enable_x64', True)) or use accountant='rdp'.")
+  if validation.is_concrete(t) and np.any(np.asarray(t) != np.floor(np.asarray(t))):
+    raise ValueError(f"steps must be whole numbers for the PLD accountant; got "
+                     f"{np.asarray(t)[np.asarray(t) != np.floor(np.asarray(t))].ravel()[0]!r}.")
+  return q, sigma, t
+
+
+def _valid(q, sigma, t, other, other_domain):
+  """The jit-side mask: every argument in its domain and T whole (NaN otherwise)."""
+  return (jnp.all(validation.in_domain("sampling_rate", q))
+          & jnp.all(validation.in_domain("noise_multiplier", sigma))
+          & jnp.all(validation.in_domain("steps", t)) & jnp.all(t == jnp.floor(t))
+          & validation.in_domain(other_domain, other))
+
+
+def pld_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
+                steps: jax.typing.ArrayLike, delta: jax.typing.ArrayLike, *,
+                pld_grid: PldGrid | None = None) -> jax.Array:
+  r"""ε(δ) of DP-SGD with Poisson sampling by its privacy-loss distribution (tight accounting).
+
+  The larger ε of the add and the remove direction, each from the pessimistic
+  (connect-the-dots) discretisation of its PLD, composed over the schedule by FFT (see the
+  module docstring): never below the true ε of the mechanism, within the discretisation's
+  allowance above it (at the default Δ = 1e-4, within 0.01 % of dp_accounting's
+  ``PLDAccountant`` on the tested box).
+
+  Args:
+    sampling_rate: q in [0, 1], a scalar or a 1-D schedule (one entry per phase).
+    noise_multiplier: σ ≥ 0, scalar or 1-D.
+    steps: steps per phase, whole numbers ≥ 0, scalar or 1-D.
+    delta: δ in (0, 1).
+    pld_grid: the static sizes (:func:`pld_grid`); default: sized from the parameters, which
+      must then be concrete (eager calls, and eager ``jax.grad`` / ``jax.vmap``). Required
+      inside ``jax.jit``.
+
+  Returns:
+    ε, a float64 scalar (+inf when δ is below the mass of infinite loss). Jittable,
+    vmappable, differentiable in q, σ (every phase's) and δ: the bin masses are smooth in
+    (q, σ) on the fixed grid, and ε is in closed form on the grid interval that holds it
+    (the implicit derivative of δ(ε) = δ). NaN under jit for invalid arguments.
+
+  Raises:
+    ValueError: an argument outside its range, non-integer steps, a schedule too wide for
+      :data:`MAX_BINS`, or traced parameters without ``pld_grid``.
+    TypeError: float32 arguments (float64 only: enable ``jax_enable_x64``).
+
+  References:
+    Koskela, Jälkö, Honkela, AISTATS 2020 (FFT accountant); Doroshenko, Ghazi, Kamath, Kumar,
+    Manurangsi, PETS 2022 (connect the dots); Zhu, Dong, Wang, AISTATS 2022, Thm. 11
+    (the dominating pairs of the Poisson-subsampled Gaussian).
+  """
+  return _evaluate(pld_epsilon_unchecked, sampling_rate, noise_multiplier, steps, "delta",
+                   delta, pld_grid)
+
+
+def pld_delta(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
+              steps: jax.typing.ArrayLike, epsilon: jax.typing.ArrayLike, *,
+              pld_grid: PldGrid | None = None) -> jax.Array:
+  r"""δ(ε) of DP-SGD with Poisson sampling by its privacy-loss distribution: the larger of the
+  two directions' hockey-stick divergences δ(ε) = p_∞ + Σ_k p_k (1 − e^{ε − l_k})₊, never
+  below the true δ (the same PLD as :func:`pld_epsilon`).
+
+  Args:
+    sampling_rate: q in [0, 1], a scalar or a 1-D schedule (one entry per phase).
+    noise_multiplier: σ ≥ 0, scalar or 1-D.
+    steps: steps per phase, whole numbers ≥ 0, scalar or 1-D.
+    epsilon: ε ≥ 0.
+    pld_grid: the static sizes (:func:`pld_grid`); required inside ``jax.jit``.
+
+  Returns:
+    δ in [0, 1], a float64 scalar. Jittable, vmappable, differentiable in q, σ and ε. NaN
+    under jit for invalid arguments.
+
+  Raises:
+    ValueError: as :func:`pld_epsilon`. TypeError: float32 arguments.
+  """
+  return _evaluate(pld_delta_unchecked, sampling_rate, noise_multiplier, steps, "epsilon",
+                   epsilon, pld_grid)
+
+
+def _evaluate(kernel, sampling_rate, noise_multiplier, steps, name, value, given_grid):
+  """``kernel(q, σ, T, value, grid)`` after the public checks (``name``: "delta" or
+  "epsilon"), NaN under jit where an argument is invalid."""
+  validation.check_all(sampling_rate=sampling_rate, noise_multiplier=noise_multiplier,
+                       steps=steps)
+  validation.check(name, value)   # "delta" or "epsilon", entries of the domain table
+  validation.check_scalar(**{name: value})
+  q, sigma, t = checked_phases(sampling_rate, noise_multiplier, steps, "the PLD accountant")
+  grid = grid_of(q, sigma, t, given_grid, value if name == "delta" else None)
+  value = validation.to_device(value, np.float64)
+  result = kernel(q, sigma, t, value, grid)
+  return jnp.where(_valid(q, sigma, t, value, name), result, jnp.nan)

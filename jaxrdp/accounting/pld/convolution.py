@@ -1,0 +1,268 @@
+r"""Composition by FFT of exponentially tilted PMFs, the window it is read on, and the bounds on
+its rounding.
+
+The T-fold convolution of each step's discretised PLD (:func:`discretisation.step_pmfs`) on a
+circle of ``bins`` points, tilted at the Chernoff order of the tail being read so that the FFT's
+rounding is relative to δ; every point is raised by a certified bound on that rounding
+(:func:`_composed`; Koskela, Jälkö, Honkela 2020; Higham 2002, Thm. 24.2). See the package
+docstring of :mod:`jaxrdp.accounting.pld`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+import numpy as np
+
+from jaxrdp._internal import loops
+from jaxrdp.accounting.pld.discretisation import (MAX_ELEMENTS, PldGrid, _BLOCK, _LAMBDAS,
+                                                  _MASS_FLOOR, _SMALLEST_NORMAL, _U, _Z,
+                                                  step_pmfs)
+
+
+def _lambdas(interval: float) -> np.ndarray:
+  """The Chernoff orders λ > 0 usable at this Δ: those with λ·Δ·(_BLOCK − 1) ≤ 700, so that
+  every factor e^{−λ(l_top − l_j)} inside a block of :func:`_log_mgf` is a normal float64
+  (no term underflows to 0 while a larger one of its block is kept)."""
+  return _LAMBDAS[_LAMBDAS * interval * (_BLOCK - 1) <= 700.0]
+
+
+def _weighted(t, x):
+  """t·x, exactly 0 where t = 0 (a phase without steps adds nothing, whatever x is)."""
+  return jnp.where(t > 0, t * jnp.where(t > 0, x, 0.0), 0.0)
+
+
+def _log_mgf(pmf, start, interval):
+  """An upper bound on K(λ) = log Σ_k p_k e^{λ l_k} at the Chernoff orders :func:`_lambdas`, in
+  logs (λ·l overflows and underflows both ways): per block of :data:`_BLOCK` points,
+  Σ_j p_j e^{−λ(l_top − l_j)} is a matrix product with factors in [e^{−700}, 1], and the blocks
+  are combined by log-sum-exp. It bounds the mass above the window, so it must not round low:
+  each block sum is raised by the rounding of a 64-term dot product of non-negative terms
+  (256 u relative) and by 64 flushed subnormal products (64 × 2⁻¹⁰²² absolute) where the block
+  holds any mass, and the exponent by the rounding of λ·l_top. No derivative flows (it places
+  the window, bounds a negligible tail and picks the tilt). Leading axes of ``pmf`` and
+  ``start`` are batch axes; the λ axis is appended."""
+  pmf = lax.stop_gradient(pmf)
+  lam = jnp.asarray(_lambdas(interval), pmf.dtype)
+  below_top = (_BLOCK - 1 - jnp.arange(_BLOCK)) * interval
+  blocks = pmf.reshape(pmf.shape[:-1] + (-1, _BLOCK))
+  sums = blocks @ jnp.exp(-below_top[:, None] * lam)               # (..., blocks, λ)
+  held = jnp.max(blocks, axis=-1, keepdims=True) > 0
+  sums = jnp.where(held, sums * (1.0 + 256 * _U) + _BLOCK * _SMALLEST_NORMAL, 0.0)
+  block_top = (start[..., None] + _BLOCK * jnp.arange(1, blocks.shape[-2] + 1) - 1) * interval
+  exponent = lam * block_top[..., None]
+  log_sums = jnp.where(held, jnp.log(jnp.where(held, sums, 1.0)), -jnp.inf)
+  return (jax.nn.logsumexp(log_sums + exponent + 4 * _U * jnp.abs(exponent), axis=-2)
+          + 1e-12)
+
+
+def _tilt(pmf, start, interval, lam):
+  """The PMF tilted by e^{λ l}: p̃_k = p_k e^{λ l_k − c}, c = log Σ_k p_k e^{λ l_k} (so p̃ sums to
+  one), and c. Composition commutes with tilting (the tilt of a sum of losses is the product of
+  the tilts), so the composed PMF is the composed p̃ times e^{Σ t_i c_i − λ l}: rounding errors
+  of the FFT, absolute and of the order of the total mass, become errors relative to
+  e^{Σ t_i c_i − λ l}, which is of the order of δ near the ε that δ is read at when λ is the
+  Chernoff order of that tail. Computed as exp(log p + λ l − c) ≤ 1: no overflow; p = 0 gives
+  0 (with a zero derivative). ``lam`` broadcasts against ``pmf``'s leading axes."""
+  losses = (start[..., None] + jnp.arange(pmf.shape[-1])) * interval
+  positive = pmf > 0
+  exponent = jnp.where(positive, jnp.log(jnp.where(positive, pmf, 1.0)), -jnp.inf) + (
+      lam[..., None] * losses)
+  c = lax.stop_gradient(jax.nn.logsumexp(exponent, axis=-1))
+  finite = jnp.isfinite(c)
+  c = jnp.where(finite, c, 0.0)
+  tilted = jnp.where(positive & finite[..., None],
+                     jnp.exp(jnp.where(positive, exponent, 0.0) - c[..., None]), 0.0)
+  return tilted, c
+
+
+def _log_spectrum(f, t, eta):
+  """Σ_i t_i·log f_i over the phase axis (−2), as (Σ t_i log|f_i|, Σ t_i arg f_i, whether a
+  factor with t_i > 0 is 0), for complex f and integer-valued t ≥ 0: the product of powers
+  Π_i f_i^{t_i} is then exp of the first times e^{i·second} (for integer t the branch of arg
+  does not matter), one exponential, sine and cosine per frequency however many phases (real
+  log, exp, sin and cos also vectorise where complex ones do not), with finite derivatives.
+
+  With it, what bounds the product's rounding (see :func:`_spectrum_error`): Σ t_i
+  log(|f_i| + η_i), with η_i a bound on |f_i|'s error at every frequency, and
+  Σ t_i (|log|f_i|| + 8), which scales the rounding of the logarithms, arguments and their
+  multiples by t (2e-11 rad at t = 5·10⁴, as any exp(t·log f) carries)."""
+  t = t[:, None]
+  square = f.real**2 + f.imag**2
+  nonzero = square > 0
+  log_modulus = jnp.where(nonzero, 0.5 * jnp.log(jnp.where(nonzero, square, 1.0)), 0.0)
+  angle = jnp.arctan2(jnp.where(nonzero, f.imag, 0.0), jnp.where(nonzero, f.real, 1.0))
+  modulus = lax.stop_gradient(jnp.sqrt(square))
+  upper = jnp.log(modulus + eta[..., None])
+  rounding = jnp.abs(lax.stop_gradient(log_modulus)) + 8.0
+  return (jnp.sum(_weighted(t, log_modulus), axis=-2), jnp.sum(_weighted(t, angle), axis=-2),
+          jnp.any(~nonzero & (t > 0), axis=-2),
+          jnp.sum(_weighted(t, upper), axis=-2), jnp.sum(_weighted(t, rounding), axis=-2))
+
+
+def _fold(pmf, bins):
+  """The PMF's points folded onto a circle of ``bins`` points (point k at k mod bins)."""
+  k = pmf.shape[-1]
+  if k <= bins:
+    return jnp.pad(pmf, [(0, 0)] * (pmf.ndim - 1) + [(0, bins - k)])
+  laps = -(-k // bins)
+  padded = jnp.pad(pmf, [(0, 0)] * (pmf.ndim - 1) + [(0, laps * bins - k)])
+  return padded.reshape(pmf.shape[:-1] + (laps, bins)).sum(axis=-2)
+
+
+def _pmf_rounding(q, sigma, start, c, lam, grid):
+  """A bound on the relative rounding error of every point of one step's tilted PMF. Each mass
+  is a difference of two Gaussian tail functions at thresholds z = x/σ whose rounding is
+  about u·(|z| + σ·(|l| + |log q|)), over intervals Δz ≥ Δ·σ wide (the loss has slope ≤ 1/σ²
+  in x); the connect-the-dots split divides by 1 − e^{−Δ}; the tilt e^{log p + λl − c} adds
+  u·(|log p| + λ|l| + |c|). With a safety factor of 32 over these first-order estimates."""
+  sigma_safe = jnp.where(sigma > 0, sigma, 1.0)
+  q_safe = jnp.where(q > 0, q, 1.0)
+  reach = (jnp.abs(start) + grid.pmf_bins) * grid.interval
+  spread = (_Z / sigma_safe + reach + jnp.abs(jnp.log(q_safe)) + 2.0) / grid.interval
+  tilt = 745.0 + lam * reach + jnp.abs(c)
+  return jnp.minimum(32 * _U * (1.0 + jnp.where(q > 0, spread, 0.0) + tilt), 1.0)
+
+
+def _step(q, sigma, grid):
+  """:func:`step_pmfs` on the grid, computed once where it is used twice (a barrier keeps XLA
+  from recomputing its error functions inside each consumer's fusion)."""
+  return lax.optimization_barrier(step_pmfs(q, sigma, grid.interval, grid.pmf_bins))
+
+
+def _moment_sums(q, sigma, t, grid, steps=None):
+  """What the phases contribute to the window, summed over them (a leading axis (remove, add)
+  on each): Σ t_i K_i(λ) (an upper bound), Σ t_i log(1 − p_∞,i) and the offset Σ t_i start_i
+  of the composed grid. ``steps``: the phases' :func:`_step`, where already computed."""
+  start, pmf, above = _step(q, sigma, grid) if steps is None else steps
+  k = _log_mgf(pmf, start, grid.interval)
+  return (jnp.sum(_weighted(t[:, None], k), axis=-2)
+          + 1e-10 * jnp.sum(_weighted(t[:, None], jnp.abs(k)), axis=-2),
+          jnp.sum(_weighted(t, jnp.log1p(-above)), axis=-1),
+          jnp.sum(jnp.where(t > 0, t.astype(jnp.int64) * start, 0), axis=-1))
+
+
+def _spectrum_sums(q, sigma, t, lam, grid, steps=None):
+  """What the phases contribute to the tilted composition (a leading axis (remove, add) on
+  each): the sums of :func:`_log_spectrum` of the tilted, folded PMFs' spectra, Σ t_i c_i
+  with a bound on its rounding, and Σ t_i log(1 + ρ_i) with ρ_i the relative rounding of step
+  i's masses (:func:`_pmf_rounding`): the exact composition of the exact PMFs is at most
+  Π_i(1 + ρ_i)^{t_i} times that of the computed ones, point by point (convolution is monotone
+  in non-negative inputs)."""
+  start, pmf, _ = _step(q, sigma, grid) if steps is None else steps
+  tilted, c = _tilt(pmf, start, grid.interval, lam[:, None])
+  folded = _fold(tilted, grid.bins)
+  # |f_k|'s error: the FFT's (Higham 2002, Thm. 24.2: ‖δf‖₂ ≤ log₂n·η/(1 − log₂n·η)·‖f‖₂ with
+  # η ≈ 6u, ‖f‖₂ = √n‖p̃‖₂, a bound at every frequency; 16u per level here) and tilted masses
+  # flushed below the smallest normal.
+  levels = math.ceil(math.log2(grid.bins))
+  norm = jnp.sqrt(jnp.sum(lax.stop_gradient(folded) ** 2, axis=-1))
+  eta = 16 * _U * levels * math.sqrt(grid.bins) * norm + grid.pmf_bins * _SMALLEST_NORMAL
+  sums = _log_spectrum(jnp.fft.rfft(folded), t, eta)
+  rho = _pmf_rounding(q, sigma, start, c, lam[:, None], grid)
+  return sums + (jnp.sum(_weighted(t, c), axis=-1), jnp.sum(_weighted(t, jnp.abs(c)), axis=-1),
+                 jnp.sum(_weighted(t, jnp.log1p(rho)), axis=-1))
+
+
+def _phase_chunk(grid: PldGrid) -> int:
+  """Phases processed together: as many as keep the work arrays within MAX_ELEMENTS."""
+  return max(1, MAX_ELEMENTS // (2 * max(grid.bins, grid.pmf_bins)))
+
+
+def _over_phases(sums, q, sigma, t, grid, *extra, steps=None):
+  """``sums(q, σ, t, *extra, grid)`` summed over the phases: at once (with the phases'
+  :func:`_step` ``steps`` where given), or for schedules with more phases than
+  :func:`_phase_chunk`, chunk by chunk in a ``lax.scan`` (bounded memory; padding phases have
+  t = 0 and add nothing; boolean parts are or-ed)."""
+  chunk = _phase_chunk(grid)
+  if q.shape[0] <= chunk:
+    return sums(q, sigma, t, *extra, grid, steps)
+  pad = -q.shape[0] % chunk
+  padded = [jnp.pad(v, (0, pad), constant_values=c).reshape(-1, chunk)
+            for v, c in ((q, 0.0), (sigma, 1.0), (t, 0.0))]
+  def add(total, phases):
+    part = sums(*phases, *extra, grid)
+    return jax.tree.map(lambda a, b: a | b if a.dtype == bool else a + b, total, part), None
+  first_part = sums(*(v[0] for v in padded), *extra, grid)
+  total, _ = loops.scan(add, first_part, tuple(v[1:] for v in padded))
+  return total
+
+
+def _spectrum_error(log_modulus, log_upper, rounding, composed):
+  """A bound on the absolute error of every point of the tilted composed PMF.
+
+  At frequency k the computed Π_i f_i^{t_i} differs from the exact product by at most
+  Π_i(|f_i| + η_i)^{t_i} − Π_i|f_i|^{t_i} (the inputs' errors: |Π a_i − Π b_i| ≤
+  Π(|b_i| + |a_i − b_i|) − Π|b_i|) plus |Π_i f_i^{t_i}|·(e^{2r} − 1) with r = u·Σ t_i(|log|f_i|| + 8)
+  (the rounding of the logarithms, arguments and their t-fold multiples), and a point of the
+  inverse FFT is 1/n times a sum over all n frequencies (the half spectrum counted twice).
+  The inverse FFT's own rounding adds at most log₂n·16u·‖p‖₂ at any point (Higham, Thm. 24.2)."""
+  n = composed.shape[-1]
+  exact = jnp.exp(log_modulus)
+  per_frequency = (jnp.exp(log_upper) - exact + exact * jnp.expm1(2 * _U * rounding)
+                   + 8 * _U * jnp.exp(log_upper))
+  spectral = 2.0 / n * jnp.sum(per_frequency, axis=-1)
+  inverse = 16 * _U * math.ceil(math.log2(n)) * jnp.sqrt(jnp.sum(composed**2, axis=-1))
+  return (spectral + inverse) * (1.0 + 1e-6) + _MASS_FLOOR
+
+
+def _tilt_order(k_total, lam, delta=None, epsilon=None):
+  """The tilt λ for reading δ(ε) (the Chernoff order of P(L ≥ ε): argmin K(λ) − λε) or ε(δ)
+  (that of the quantile at δ: argmin (K(λ) − log δ)/λ); any λ gives the same PLD, this one
+  puts the tilted composition's mass where δ is read."""
+  if epsilon is None:
+    objective = (k_total - jnp.log(delta)) / lam
+  else:
+    objective = k_total - lam * epsilon
+  best = jnp.argmin(jnp.where(jnp.isnan(objective), jnp.inf, objective), axis=-1)
+  return lax.stop_gradient(lam[best])
+
+
+def _composed(q, sigma, t, grid, *, delta=None, epsilon=None):
+  """Both directions' composed PLDs on their windows, certified against rounding.
+
+  Returns (first, log_mass, p_inf) with a leading axis (remove, add): the window's first
+  point's index (its points are (first + k)Δ, k < bins), the logarithm of an upper bound on the
+  mass at each point, and the infinite-loss mass (the steps' own, and the Chernoff bound on the
+  composed mass above the window). The composition is that of the PMFs tilted at the Chernoff
+  order of the tail being read (``delta`` for ε(δ), ``epsilon`` for δ(ε); :func:`_tilt`); every
+  point of the tilted composition is raised by the bound of :func:`_spectrum_error` on the
+  FFT's rounding, then by the factor Π_i(1 + ρ_i)^{t_i} for the PMFs' own, as the tilt is undone (in logarithms: e^{Σ t_i c_i − λ l} may overflow where nothing is read), so
+  the window's masses are never below the exact composition's. Mass the circle wraps onto the
+  window only adds to it (at a larger loss from below, at a smaller one from above the
+  window, whose mass is also counted in p_∞)."""
+  interval, bins = grid.interval, grid.bins
+  lam = jnp.asarray(_lambdas(interval), q.dtype)
+  # One pass for the window and the tilt, one for the tilted spectra: the step PMFs computed
+  # once where all phases fit in one chunk.
+  steps = _step(q, sigma, grid) if q.shape[0] <= _phase_chunk(grid) else None
+  k_total, log_finite, offset = _over_phases(_moment_sums, q, sigma, t, grid, steps=steps)
+  tilt = _tilt_order(k_total, lam, delta, epsilon)                        # (2,)
+  (log_modulus, angle, vanishes, log_upper, rounding, c_total, c_magnitude,
+   log_relative) = _over_phases(_spectrum_sums, q, sigma, t, grid, tilt, steps=steps)
+  modulus = jnp.where(vanishes, 0.0, jnp.exp(log_modulus))
+  spectrum = lax.complex(modulus * jnp.cos(angle), modulus * jnp.sin(angle))
+  tilted = jnp.fft.irfft(spectrum, n=bins)                                # (2, bins)
+  log_modulus = jnp.where(vanishes, -jnp.inf, lax.stop_gradient(log_modulus))
+  floor = lax.stop_gradient(_spectrum_error(log_modulus, log_upper, rounding, tilted))
+  upper = jnp.maximum(tilted, 0.0) + floor[:, None]
+  # The window's top: the Chernoff quantile of the composed loss at tail_mass.
+  quantile = jnp.min((k_total - math.log(grid.tail_mass)) / lam, axis=-1)
+  # (No finite mass at all: K = −∞ and any window will do; clipped so the index stays valid.)
+  quantile = jnp.clip(jnp.where(jnp.isnan(quantile), 0.0, quantile), -1e6, 1e6)
+  top = jnp.ceil(quantile / interval).astype(jnp.int64)
+  first = top - bins + 1
+  window = jax.vmap(jnp.roll)(upper, -jnp.mod(first - offset, bins))
+  # The tilt undone at each point: e^{Σ t_i c_i − λ l_k}, the exponent raised by its rounding.
+  losses = (first[:, None] + jnp.arange(bins)) * interval
+  exponent = c_total[:, None] - tilt[:, None] * losses
+  exponent = exponent + 4 * _U * (c_magnitude[:, None] + jnp.abs(tilt[:, None] * losses)
+                                  + jnp.abs(exponent)) * (q.shape[0] + 2)
+  exponent = exponent + log_relative[:, None] * (1.0 + 1e-6)
+  log_tail = jnp.min(k_total - lam * (top[:, None] + 1) * interval, axis=-1)  # above the window
+  # p_∞ raised by the rounding of the phases' sum of t_i log(1 − p_∞,i) and of each p_∞,i.
+  p_inf = (-jnp.expm1(log_finite) + jnp.exp(log_tail)) * (1.0 + 4 * _U * (q.shape[0] + 16))
+  return first, jnp.log(window) + exponent, p_inf
