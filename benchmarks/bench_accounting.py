@@ -31,6 +31,7 @@ Run (from the repository root):
     PYTHONPATH=. python benchmarks/bench_accounting.py --steps 2000 --subset 100 --repeats 3
 
 Lines starting with ``RATIO`` are the headline ratios (dp_accounting time / jaxrdp time).
+``--save`` / ``--json PATH`` write the figures as JSON (``benchmarks/_results.py``).
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ import dp_accounting  # noqa: E402
 from dp_accounting import rdp as dp_rdp  # noqa: E402
 
 import jaxrdp  # noqa: E402
+
+import _results  # noqa: E402
 
 DP_ORDERS = np.array(dp_rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS, dtype=float) \
     if hasattr(dp_rdp.rdp_privacy_accountant, "DEFAULT_RDP_ORDERS") else None
@@ -82,7 +85,7 @@ def _dp_event(q, sigma):
   return dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))
 
 
-def bench_schedule(args, orders):
+def bench_schedule(args, orders, figures):
   q, delta, n = 0.01, 1e-5, args.steps
   sigmas = np.linspace(0.8, 1.5, n)
   print(f"\n== per-step schedule: {n} steps, sigma 0.8 -> 1.5, q = {q}, delta = {delta}, "
@@ -115,9 +118,17 @@ def bench_schedule(args, orders):
         f"{eps_jx_prefix:.6f}, rel diff {(eps_jx_prefix - eps_dp_prefix) / eps_dp_prefix:+.2e}")
   print(f"RATIO schedule dp_accounting/jaxrdp = {dp_time / warm:.1f}x (refined), "
         f"{dp_time / warm_g:.1f}x (grid)")
+  figures["schedule"] = {
+      "steps": n, "orders": len(orders), "dp_accounting_steps": m,
+      "jaxrdp_refined": {"epsilon": float(eps_ref), "first_s": first, "warm_s": warm},
+      "jaxrdp_grid": {"epsilon": float(eps_grid), "first_s": first_g, "warm_s": warm_g},
+      "dp_accounting_s": dp_time,
+      "prefix_epsilon": {"dp_accounting": eps_dp_prefix, "jaxrdp_grid": eps_jx_prefix},
+      "ratio_dp_accounting_over_jaxrdp_refined": dp_time / warm,
+      "ratio_dp_accounting_over_jaxrdp_grid": dp_time / warm_g}
 
 
-def bench_calibration(args, orders):
+def bench_calibration(args, orders, figures):
   target, delta, q, steps = 2.0, 1e-5, 0.01, 10_000
   print(f"\n== calibration of sigma: eps = {target}, delta = {delta}, q = {q}, T = {steps}")
   sigma_jx, first, warm = _timed(
@@ -140,6 +151,11 @@ def bench_calibration(args, orders):
         f"first {first:.2f} s, warm {warm * 1e3:.1f} ms")
   print(f"dp_accounting : sigma = {sigma_dp:.8f} (eps {eps_dp(sigma_dp):.8f})  {dp_time * 1e3:.1f} ms")
   print(f"RATIO calibration dp_accounting/jaxrdp = {dp_time / warm:.1f}x")
+  calibration = figures["calibration"] = {
+      "jaxrdp": {"sigma": float(sigma_jx), "epsilon": eps_dp(float(sigma_jx)), "first_s": first,
+                 "warm_s": warm},
+      "dp_accounting": {"sigma": sigma_dp, "epsilon": eps_dp(sigma_dp), "s": dp_time},
+      "ratio_dp_accounting_over_jaxrdp": dp_time / warm}
   try:
     from opacus.accountants.utils import get_noise_multiplier
   except ImportError:
@@ -154,9 +170,11 @@ def bench_calibration(args, orders):
   op_time = statistics.median(times)
   print(f"opacus        : sigma = {sigma_op:.8f} (eps {eps_dp(sigma_op):.8f})  {op_time * 1e3:.1f} ms")
   print(f"RATIO calibration opacus/jaxrdp = {op_time / warm:.1f}x")
+  calibration["opacus"] = {"sigma": sigma_op, "epsilon": eps_dp(sigma_op), "s": op_time}
+  calibration["ratio_opacus_over_jaxrdp"] = op_time / warm
 
 
-def bench_process():
+def bench_process(figures):
   print("\n== whole process: calibrate sigma for eps = 2, delta = 1e-5, q = 0.01, T = 10,000")
   cache = tempfile.mkdtemp(prefix="jaxrdp-cache-")
   env = dict(os.environ, JAXRDP_CACHE_DIR=cache)
@@ -175,6 +193,14 @@ def bench_process():
   shutil.rmtree(cache, ignore_errors=True)
   for name in ("jaxrdp (empty cache)", "jaxrdp (warm cache)"):
     print(f"RATIO process dp_accounting/{name} = {results['dp_accounting'] / results[name]:.2f}x")
+  figures["process"] = {
+      "jaxrdp_empty_cache_s": results["jaxrdp (empty cache)"],
+      "jaxrdp_warm_cache_s": results["jaxrdp (warm cache)"],
+      "dp_accounting_s": results["dp_accounting"],
+      "ratio_dp_accounting_over_jaxrdp_empty_cache":
+          results["dp_accounting"] / results["jaxrdp (empty cache)"],
+      "ratio_dp_accounting_over_jaxrdp_warm_cache":
+          results["dp_accounting"] / results["jaxrdp (warm cache)"]}
 
 
 def main():
@@ -185,14 +211,17 @@ def main():
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--dp-repeats", type=int, default=1)
   parser.add_argument("--skip-process", action="store_true")
+  _results.add_options(parser)
   args = parser.parse_args()
   print(f"jax {jax.__version__} on {jax.devices()}, dp_accounting "
         f"{getattr(dp_accounting, '__version__', '?')}")
   orders = _orders()
-  bench_schedule(args, orders)
-  bench_calibration(args, orders)
+  figures = {}
+  bench_schedule(args, orders, figures)
+  bench_calibration(args, orders, figures)
   if not args.skip_process:
-    bench_process()
+    bench_process(figures)
+  _results.write(args, figures)
 
 
 if __name__ == "__main__":

@@ -16,9 +16,10 @@ What it measures (issue 12, goal 1), each in its own fresh Python process with a
 
 How to run (from the repository root)::
 
-    python benchmarks/bench_latency.py [--repeats 5]
+    python benchmarks/bench_latency.py [--repeats 5] [--save]
 
-Lines starting with ``GOAL`` compare each median with its goal.
+Lines starting with ``GOAL`` compare each median with its goal. ``--save`` / ``--json PATH``
+write the figures as JSON (``benchmarks/_results.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import _results
 
 _JAXRDP_SCRIPT = """
 import jax
@@ -67,6 +70,12 @@ t2 = time.perf_counter()
 print(json.dumps({"first": t1 - t0, "second": t2 - t1, "value": jnp.ravel(jnp.asarray(value))[:3].tolist()}))
 """
 
+# The calls as docs/performance.md shows them.
+LABELS = {"dpsgd_epsilon": "`dpsgd_epsilon(0.01, 1.1, 10_000, 1e-5)`",
+          "grad_dpsgd_epsilon": "`jax.grad` of it with respect to σ",
+          "calibrate_noise_multiplier": "`calibrate_noise_multiplier(2.0, 1e-5, 0.01, 10_000)`",
+          "compute_rdp": "`compute_rdp(0.01, 1.1, 10_000, DEFAULT_ORDERS)`"}
+
 GOALS = {"dpsgd_epsilon": 1.5, "grad_dpsgd_epsilon": 3.0, "calibrate_noise_multiplier": 1.5,
          "compute_rdp": 1.0}
 
@@ -96,7 +105,9 @@ def main() -> None:
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--skip-script", action="store_true")
   parser.add_argument("--only", default=None, help="comma-separated first calls to measure")
+  _results.add_options(parser)
   args = parser.parse_args()
+  figures = {}
 
   if not args.skip_script:
     ratios, ours, theirs = [], [], []
@@ -119,6 +130,11 @@ def main() -> None:
           f"{statistics.median(theirs):.2f} s (medians of {args.repeats})")
     print(f"GOAL script jaxrdp/dp_accounting = {ratio:.2f}x (goal <= 2x): "
           f"{'met' if ratio <= 2 else 'NOT met'}")
+    figures["script"] = {"jaxrdp_s": statistics.median(ours),
+                         "dp_accounting_s": statistics.median(theirs),
+                         "ratio_jaxrdp_over_dp_accounting": ratio, "goal_ratio": 2.0,
+                         "pairs": args.repeats, "jaxrdp_value": walls["jaxrdp_value"],
+                         "dp_accounting_value": walls["dp_accounting_value"]}
 
   names = list(GOALS) if args.only is None else args.only.split(",")
   for name in names:
@@ -133,6 +149,10 @@ def main() -> None:
           f"{1e3 * statistics.median(seconds):.2f} ms, value {res['value']}", flush=True)
     print(f"GOAL first call {name} = {first:.2f} s (goal <= {GOALS[name]} s): "
           f"{'met' if first <= GOALS[name] else 'NOT met'}")
+    figures.setdefault("first_calls", {})[name] = {
+        "what": LABELS[name], "first_s": first, "min_first_s": min(firsts), "second_s": statistics.median(seconds),
+        "goal_first_s": GOALS[name], "processes": len(firsts), "value": res["value"]}
+  _results.write(args, figures)
 
 
 if __name__ == "__main__":

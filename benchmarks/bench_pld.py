@@ -45,7 +45,8 @@ How to run (from the repository root; about 2 minutes on 2 CPU cores)::
 
 Lines starting with ``GOAL`` compare medians with the issue's goals; ``RATIO`` lines are the
 other dp_accounting / jaxrdp figures. Results depend on the machine: the devices and the
-library versions are printed first.
+library versions are printed first. ``--save`` / ``--json PATH`` write the figures as JSON
+(``benchmarks/_results.py``).
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ from jaxrdp.accounting import pld  # noqa: E402
 
 # A fresh process with no compilation cache of any kind, as bench_latency.py launches them.
 from bench_latency import _run  # noqa: E402  (this script's folder is on sys.path)
+import _results  # noqa: E402
 
 INTERVAL = 1e-4
 CONFIGS = ((0.01, 1.1, 10_000, 1e-5), (0.001, 0.8, 30_000, 1e-8), (0.01, 1.0, 50_000, 1e-6))
@@ -152,7 +154,7 @@ def _version(name):
 # 1. Warm ε against dp_accounting.
 
 
-def bench_warm(args):
+def bench_warm(args, figures):
   print(f"\n== 1. warm eps, jaxrdp (jit / eager) vs dp_accounting PLDAccountant, interval "
         f"{INTERVAL:g}, medians of {args.repeats}")
   for q, sigma, steps, delta in CONFIGS:
@@ -192,6 +194,15 @@ def bench_warm(args):
     print(f"RATIO warm {name}: dp_accounting/jaxrdp = {dp_m / jit_m:.1f}x (jit), "
           f"{dp_m / eager_m:.1f}x (eager)")
     ratio = dp_m / jit_m
+    figures.setdefault("warm", []).append({
+        "q": q, "sigma": sigma, "steps": steps, "delta": delta,
+        "pmf_bins": grid.pmf_bins, "bins": grid.bins,
+        "jaxrdp_jit": {"epsilon": float(eps_jit), "warm_s": jit_m, "lower_s": lower_s,
+                       "compile_s": compile_s},
+        "jaxrdp_eager": {"epsilon": float(eps_eager), "warm_s": eager_m, "first_s": eager_first_s},
+        "dp_accounting": {"epsilon": eps_dp, "s": dp_m},
+        "epsilon_rel_diff": rel, "ratio_dp_accounting_over_jaxrdp_jit": ratio,
+        "ratio_dp_accounting_over_jaxrdp_eager": dp_m / eager_m, "goal_ratio": WARM_GOAL})
     print(f"GOAL warm eps {name}: dp_accounting/jaxrdp jit = {ratio:.1f}x (goal >= "
           f"{WARM_GOAL:g}x): {'met' if ratio >= WARM_GOAL else 'NOT met'}", flush=True)
 
@@ -200,7 +211,7 @@ def bench_warm(args):
 # 2. First call in a fresh process (as in bench_latency.py).
 
 
-def bench_first_call(args):
+def bench_first_call(args, figures):
   print(f"\n== 2. first call pld_epsilon(0.01, 1.1, 10_000, 1e-5) in a fresh process (empty "
         f"HOME, no compilation cache, JAX_PLATFORMS=cpu), medians of {args.repeats}")
   walls, results = [], []
@@ -215,13 +226,17 @@ def bench_first_call(args):
   print(f"whole process wall {statistics.median(walls):.2f} s (min {min(walls):.2f})")
   print(f"GOAL first call pld_epsilon = {med['first']:.2f} s (goal <= {FIRST_CALL_GOAL:g} s): "
         f"{'met' if med['first'] <= FIRST_CALL_GOAL else 'NOT met'}", flush=True)
+  figures["first_call"] = {"imports_s": med["imports"], "first_s": med["first"],
+                           "second_s": med["second"], "process_s": statistics.median(walls),
+                           "epsilon": results[-1]["eps"], "processes": len(results),
+                           "goal_first_s": FIRST_CALL_GOAL}
 
 
 # ---------------------------------------------------------------------------------------------
 # 3. A phased schedule.
 
 
-def bench_phased(args):
+def bench_phased(args, figures):
   n, per, q, delta = args.phases, args.steps_per_phase, 0.01, 1e-5
   sigmas = np.linspace(0.8, 1.6, n)
   qs, steps = np.full(n, q), np.full(n, float(per))
@@ -247,6 +262,14 @@ def bench_phased(args):
         f"({'agree' if abs(rel) <= AGREEMENT else 'DISAGREE'} within {AGREEMENT:g})")
   print(f"RATIO phased dp_accounting/jaxrdp = {dp_m / jit_m:.1f}x (jit, warm), "
         f"{dp_m / (jit_m + grid_s):.1f}x (jit warm + pld_grid)", flush=True)
+  figures["phased"] = {
+      "phases": n, "steps_per_phase": per, "q": q, "delta": delta,
+      "pmf_bins": grid.pmf_bins, "bins": grid.bins, "pld_grid_s": grid_s,
+      "jaxrdp_jit": {"epsilon": float(eps_jit), "warm_s": jit_m, "lower_s": lower_s,
+                     "compile_s": compile_s},
+      "dp_accounting": {"epsilon": eps_dp, "s": dp_m}, "epsilon_rel_diff": rel,
+      "ratio_dp_accounting_over_jaxrdp_jit": dp_m / jit_m,
+      "ratio_dp_accounting_over_jaxrdp_jit_and_grid": dp_m / (jit_m + grid_s)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,7 +293,7 @@ def _sweep_batch(fn, grid, total, requested):
   return max(1, min(batch, total)), per_config
 
 
-def bench_sweep(args):
+def bench_sweep(args, figures):
   backend = jax.default_backend()
   size = args.sweep_size if args.sweep_size is not None else (10_000 if backend == "gpu" else 0)
   print(f"\n== 4. vmapped sweep (backend {backend})")
@@ -319,6 +342,10 @@ def bench_sweep(args):
     worst = max(worst, abs(_rel(eps[i], ref)))
   print(f"sample of {len(cells)} cells vs pld_epsilon with each cell's own grid: largest rel diff "
         f"{worst:.2e}", flush=True)
+  figures["sweep"] = {"configurations": total, "batch": batch, "first_s": first_s,
+                      "warm_s": warm_s, "configurations_per_s": total / warm_s,
+                      "non_finite": int(np.sum(~finite)), "samples": len(cells),
+                      "max_rel_diff_own_grid": worst}
 
 
 def main():
@@ -337,18 +364,21 @@ def main():
   parser.add_argument("--skip-warm", action="store_true")
   parser.add_argument("--skip-first-call", action="store_true")
   parser.add_argument("--skip-phased", action="store_true")
+  _results.add_options(parser)
   args = parser.parse_args()
   print(f"jax {jax.__version__} on {jax.devices()} (backend {jax.default_backend()}), "
         f"dp_accounting {_version('dp-accounting')}, numpy {np.__version__}, "
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} (other work on the "
         f"machine slows both sides)")
+  figures = {}
   if not args.skip_warm:
-    bench_warm(args)
+    bench_warm(args, figures)
   if not args.skip_first_call:
-    bench_first_call(args)
+    bench_first_call(args, figures)
   if not args.skip_phased:
-    bench_phased(args)
-  bench_sweep(args)
+    bench_phased(args, figures)
+  bench_sweep(args, figures)
+  _results.write(args, figures)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ How to run (from the repository root)
     PYTHONPATH=. python benchmarks/bench_rdp_curve.py --float32
 
 The last line printed is ``RATIO dp_accounting/jaxrdp = <x>x`` (per-pair time ratio).
+``--save`` / ``--json PATH`` write the figures as JSON (``benchmarks/_results.py``).
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ from dp_accounting.rdp.rdp_privacy_accountant import (  # noqa: E402
     _compute_rdp_poisson_subsampled_gaussian)
 
 import jaxrdp  # noqa: E402
+
+import _results  # noqa: E402
 
 try:  # dp_accounting logs a warning per non-converged fractional order (it returns inf there);
   from absl import logging as absl_logging  # those show up as its non-finite count instead.
@@ -93,6 +96,7 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--seed", type=int, default=0, help="seed of the random (q, sigma) pairs")
   p.add_argument("--float32", action="store_true",
                  help="time jaxrdp in float32 (and compare it with the float64 result)")
+  _results.add_options(p)
   args = p.parse_args(argv)
   if args.pairs < 1 or args.repeats < 1 or args.subset < 0:
     p.error("--pairs and --repeats must be >= 1, --subset >= 0")
@@ -241,6 +245,21 @@ def main(argv=None) -> None:
             f"{dpx_us / jax_us:10.2f} x, {dpx_us / vmap_us:.2f} x"))
   print(row("ratio dp_accounting / jaxrdp jit(vmap)", f"{dpa_us / vmap_us:10.2f} x"))
 
+  figures = {
+      "dtype": dtype_name, "pairs": args.pairs, "orders": len(ORDERS),
+      "timing": {"jaxrdp_first_s": first, "jaxrdp_warm_s": jax_med, "jaxrdp_us_per_pair": jax_us,
+                 "jaxrdp_vmap_first_s": first_vmap, "jaxrdp_vmap_us_per_pair": vmap_us,
+                 "dp_accounting_pairs": args.subset, "dp_accounting_us_per_pair": dpa_us,
+                 "dp_accelerator_us_per_pair": dpx_us},
+      "ratios": {"dp_accounting_over_jaxrdp": ratio,
+                 "dp_accounting_over_jaxrdp_vmap": dpa_us / vmap_us,
+                 "dp_accelerator_over_jaxrdp": dpx_us / jax_us,
+                 "dp_accelerator_over_jaxrdp_vmap": dpx_us / vmap_us,
+                 "goal_dp_accounting": 200.0, "goal_dp_accelerator": 5.0},
+      "vmap_vs_arrays": {"max_rel_diff": vmap_rel, "same_non_finite": vmap_equal},
+      "accuracy": {"non_finite_jaxrdp_all_pairs": int((~np.isfinite(rdp_jax)).sum())},
+  }
+
   print()
   print("=== accuracy (subset; jaxrdp float64 vs dp_accounting) ===")
   if rdp_dpa is not None:
@@ -272,6 +291,14 @@ def main(argv=None) -> None:
               f"{int((~np.isfinite(sub)).sum()):10d}   of {sub.size}"))
     print(row("non-finite values, dp_accounting (subset)",
               f"{int((~np.isfinite(rdp_dpa)).sum()):10d}   of {rdp_dpa.size}"))
+    figures["accuracy"].update(
+        integer_orders_max_rel_diff=rel_int, integer_orders_max_log_a_diff=mixed_max,
+        fractional_orders_at_most_dp_accounting=float(ok.mean()) if ok.size else None,
+        fractional_orders_at_most_dp_accounting_log_a_atol=(
+            float(ok_atol.mean()) if ok.size else None),
+        fractional_orders_max_rel_diff=rel_frac,
+        non_finite_jaxrdp_subset=int((~np.isfinite(sub)).sum()),
+        non_finite_dp_accounting_subset=int((~np.isfinite(rdp_dpa)).sum()))
   else:
     print("  (skipped: --subset 0)")
   print(row(f"non-finite values, jaxrdp {dtype_name} (all {args.pairs} pairs)",
@@ -280,10 +307,12 @@ def main(argv=None) -> None:
     rel32, n32 = max_rel_diff(rdp_jax, rdp_jax64)
     print(row("float32 vs float64 jaxrdp: max rel. diff (all pairs)",
               f"{rel32:10.3e}   over {n32} values"))
+    figures["accuracy"]["float32_vs_float64_max_rel_diff"] = rel32
 
   print()
   print(f"RATIO dp_accelerator/jaxrdp = {dpx_us / jax_us:.2f}x arrays, {dpx_us / vmap_us:.2f}x jit(vmap) (goal >= 5x)")
   print(f"RATIO dp_accounting/jaxrdp = {ratio:.1f}x arrays, {dpa_us / vmap_us:.1f}x jit(vmap) (goal >= 200x)")
+  _results.write(args, figures)
 
 
 if __name__ == "__main__":

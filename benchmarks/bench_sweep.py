@@ -18,6 +18,7 @@ shared machine the CPU time shows what other processes took away), peak resident
 (getrusage), configurations per second and log-A evaluations per second (warm), and a check
 that a random sample of cells equals ``dpsgd_epsilon(..., refine_order=False)`` (bitwise
 count and the largest difference in ulps; see tests/test_sweep.py for why not all bitwise).
+``--save`` / ``--json PATH`` write the figures as JSON (``benchmarks/_results.py``).
 """
 
 import time
@@ -28,6 +29,8 @@ import argparse  # noqa: E402
 import os  # noqa: E402
 import resource  # noqa: E402
 import sys  # noqa: E402
+
+import _results  # noqa: E402
 
 
 def _args():
@@ -40,6 +43,7 @@ def _args():
   parser.add_argument("--host-devices", type=int, default=None,
                       help="CPU only: split the host into this many XLA devices")
   parser.add_argument("--progress", action="store_true", help="show a progress bar")
+  _results.add_options(parser)
   return parser.parse_args()
 
 
@@ -90,9 +94,10 @@ def main():
   start, cpu = time.perf_counter(), time.process_time()
   warm_eps = np.asarray(sweep(q, sigma, steps, deltas, **kwargs))
   warm, warm_cpu = time.perf_counter() - start, time.process_time() - cpu
+  peak = peak_gib()
   print(f"warm call: {warm:.2f} s wall ({warm_cpu:.2f} s CPU) = {n_configs / warm:,.0f} "
         f"configurations/s, {n_log_a / warm:,.0f} log-A evaluations/s; "
-        f"peak RSS {peak_gib():.2f} GiB")
+        f"peak RSS {peak:.2f} GiB")
   assert np.array_equal(eps, warm_eps, equal_nan=True)
   print(f"non-finite cells: {int(np.sum(~np.isfinite(eps)))}; "
         f"epsilon range [{np.nanmin(eps):.4g}, {np.nanmax(eps):.4g}]")
@@ -107,6 +112,13 @@ def main():
     worst = max(worst, float(abs(got - ref) / np.spacing(np.abs(ref))))
   print(f"sample of {len(cells)} cells vs dpsgd_epsilon(refine_order=False): {bitwise} bitwise "
         f"equal, largest difference {worst:.0f} ulps")
+  _results.write(ARGS, {
+      "dtype": np.dtype(dtype).name, "configurations": n_configs, "log_a_evaluations": n_log_a,
+      "shape": list(eps.shape), "first_s": first, "first_cpu_s": first_cpu,
+      "process_s_at_first": since_start, "warm_s": warm, "warm_cpu_s": warm_cpu,
+      "configurations_per_s": n_configs / warm, "log_a_per_s": n_log_a / warm,
+      "peak_rss_gib": peak, "non_finite": int(np.sum(~np.isfinite(eps))),
+      "samples": len(cells), "bitwise_equal": bitwise, "max_ulps": worst})
   if worst > 64:
     sys.exit("MISMATCH: a sampled cell differs from dpsgd_epsilon by more than 64 ulps")
 

@@ -11,6 +11,8 @@ Run from the repository root::
 
   PYTHONPATH=. python benchmarks/bench_transform.py                   # defaults
   PYTHONPATH=. python benchmarks/bench_transform.py --batch 64 --hidden 256 --repeats 41
+
+``--save`` / ``--json PATH`` write the figures as JSON (``benchmarks/_results.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import optax
 import optax.contrib
 
 from jaxrdp.training.transform import dpsgd, privacy_spent
+
+import _results
 
 
 def init_mlp(key, sizes):
@@ -76,6 +80,7 @@ def main(argv=None):
   parser.add_argument("--repeats", type=int, default=21, help="timed blocks per optimizer")
   parser.add_argument("--clip", type=float, default=1.0)
   parser.add_argument("--sigma", type=float, default=1.1)
+  _results.add_options(parser)
   args = parser.parse_args(argv)
 
   print(f"devices: {jax.devices()}; jax {jax.__version__}, optax {optax.__version__}")
@@ -114,6 +119,11 @@ def main(argv=None):
   print(f"jaxrdp accountant after {steps_done} steps (q=0.01): eps={float(eps):.4f} at order "
         f"{float(order)}")
   print(f"RATIO jaxrdp/optax = {med['jaxrdp'] / med['optax']:.3f}")
+  _results.write(args, {
+      "mlp": list(sizes), "parameters": sum(p.size for p in jax.tree.leaves(params)),
+      "jaxrdp_step_s": med["jaxrdp"], "optax_step_s": med["optax"],
+      "ratio_jaxrdp_over_optax": med["jaxrdp"] / med["optax"], "goal_ratio": 1.05,
+      "steps": steps_done, "epsilon": float(eps), "order": float(order)})
 
 
 if __name__ == "__main__":

@@ -7,13 +7,15 @@ kind), ``JAX_PLATFORMS=cpu`` unless ``--platform`` says otherwise, float64. The 
 compile + one run, after the imports) and the warm call, medians over ``--repeats``
 processes. The long schedule (10,000 steps, a different σ each) is also composed by
 dp_accounting in the same process (``RdpAccountant``, the same events, ``get_epsilon``), and
-the ratio of the two warm times is printed.
+the ratio of the two warm times is printed; dp_accounting takes 5 to 10 minutes there on 2 CPU
+cores, so it runs in the first ``--anchor-repeats`` processes only (default 1).
 
 How to run (from the repository root)::
 
-    python benchmarks/bench_user_jit.py [--repeats 3] [--only jit_epsilon,...]
+    python benchmarks/bench_user_jit.py [--repeats 3] [--only jit_epsilon,...] [--save]
 
-Lines starting with ``GOAL`` compare each median with its goal.
+Lines starting with ``GOAL`` compare each median with its goal. ``--save`` / ``--json PATH``
+write the figures as JSON (``benchmarks/_results.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import _results
 
 _PRELUDE = """
 import json, time
@@ -98,6 +102,19 @@ if %(anchor)r:
 print(json.dumps(out))
 """
 
+# What the user writes, as docs/performance.md shows it.
+LABELS = {
+    "jit_epsilon": "`jax.jit(lambda s: dpsgd_epsilon(0.01, s, 10_000, 1e-5))`",
+    "jit_grad_epsilon": "`jax.jit(jax.grad(lambda s: dpsgd_epsilon(0.01, s, 10_000, 1e-5)))`",
+    "jit_calibrate": "`jax.jit(lambda e: calibrate_noise_multiplier(e, 1e-5, 0.01, 10_000))`",
+    "jit_compute_rdp": "`jax.jit(lambda s: compute_rdp(0.01, s, 10_000, DEFAULT_ORDERS))`",
+    "jit_vmap_epsilon": "`jax.jit(jax.vmap(...dpsgd_epsilon...))` over 64 σ",
+    "jit_value_and_grad_30": "`jax.jit(jax.value_and_grad(...dpsgd_epsilon...))`, 30 phases",
+    "jit_value_and_grad_10k": "`jax.jit(jax.value_and_grad(...dpsgd_epsilon...))`, 10,000 phases "
+                              "(a σ per step)",
+    "jit_epsilon_10k": "`jax.jit(...dpsgd_epsilon...)`, 10,000 phases (a σ per step)",
+}
+
 GOALS = {"jit_epsilon": (1.5, None), "jit_grad_epsilon": (2.0, None), "jit_calibrate": (2.0, None),
          "jit_compute_rdp": (1.5, None), "jit_vmap_epsilon": (2.0, 0.030),
          "jit_value_and_grad_30": (2.0, None), "jit_value_and_grad_10k": (5.0, 0.3),
@@ -129,27 +146,41 @@ def main() -> None:
   parser.add_argument("--platform", default="cpu")
   parser.add_argument("--no-anchor", action="store_true",
                       help="skip dp_accounting on the 10,000-step schedule (minutes)")
+  parser.add_argument("--anchor-repeats", type=int, default=1,
+                      help="processes (of --repeats) that also run dp_accounting's composition")
+  _results.add_options(parser)
   args = parser.parse_args()
+  cases = {}
   names = list(_CASES) if args.only is None else args.only.split(",")
   for name in names:
-    anchor = name == "jit_epsilon_10k" and not args.no_anchor
-    runs = [_run(_PRELUDE + _CASES[name] + _RUN % {"anchor": anchor}, args.platform)
-            for _ in range(args.repeats)]
+    anchor = name == "jit_epsilon_10k" and not args.no_anchor and args.anchor_repeats > 0
+    runs = [_run(_PRELUDE + _CASES[name] + _RUN % {"anchor": anchor and i < args.anchor_repeats},
+                 args.platform)
+            for i in range(args.repeats)]
     first = statistics.median(r["first"] for r in runs)
     warm = statistics.median(r["warm"] for r in runs)
     line = f"{name}: first call {first:.2f} s, warm {1e3 * warm:.2f} ms, value {runs[0]['value']}"
     if anchor:
-      ratio = statistics.median(r["anchor"] / r["warm"] for r in runs)
-      line += (f"; dp_accounting {statistics.median(r['anchor'] for r in runs):.2f} s "
+      anchored = [r for r in runs if "anchor" in r]
+      ratio = statistics.median(r["anchor"] / r["warm"] for r in anchored)
+      line += (f"; dp_accounting {statistics.median(r['anchor'] for r in anchored):.2f} s "
                f"(eps {runs[0]['anchor_value']:.6f}): {ratio:.0f}x faster warm")
     print(line, flush=True)
     goal_first, goal_warm = GOALS[name]
+    cases[name] = {"what": LABELS[name], "first_s": first, "warm_s": warm,
+                   "value": runs[0]["value"], "goal_first_s": goal_first, "goal_warm_s": goal_warm,
+                   "processes": len(runs)}
+    if anchor:
+      cases[name].update(anchor="dp_accounting RdpAccountant", anchor_processes=len(anchored),
+                         anchor_s=statistics.median(r["anchor"] for r in anchored),
+                         anchor_value=runs[0]["anchor_value"], ratio_anchor_over_jaxrdp=ratio)
     if goal_first is not None:
       print(f"GOAL {name} first call = {first:.2f} s (goal <= {goal_first} s): "
             f"{'met' if first <= goal_first else 'NOT met'}")
     if goal_warm is not None:
       print(f"GOAL {name} warm = {1e3 * warm:.1f} ms (goal <= {1e3 * goal_warm:.0f} ms): "
             f"{'met' if warm <= goal_warm else 'NOT met'}")
+  _results.write(args, {"cases": cases})
 
 
 if __name__ == "__main__":

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# The GPU figures of the README (issue 12, goal 6; the PLD sweep of bench_pld.py), in one run on a
-# GPU machine, from the repository root:   bash benchmarks/run_gpu.sh [LOGFILE]
+# The GPU figures of docs/performance.md (issue 12, goal 6; the PLD sweep of bench_pld.py), in one
+# run on a GPU machine, from the repository root:   bash benchmarks/run_gpu.sh [LOGFILE]
 # Each step has its own time limit and the whole run stops starting new steps after DEADLINE
-# seconds (default 420), most important first; everything printed also goes to LOGFILE.
+# seconds (default 420), most important first; everything printed also goes to LOGFILE, and each
+# benchmark's figures to $RESULTS/<name>.json (default benchmarks/results/gpu). Then
+# `python tools/performance_page.py` puts them on the page (its GPU section).
 set -u
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 LOG=${1:-gpu.log}
 DEADLINE=${DEADLINE:-420}
 PY=${PYTHON:-python3}
+R=${RESULTS:-benchmarks/results/gpu}
 step() {  # step LIMIT_S command...
   local limit=$1; shift
   if (( SECONDS + 10 > DEADLINE )); then echo "== skipped (deadline): $*" | tee -a "$LOG"; return; fi
@@ -22,12 +25,12 @@ import jaxrdp; e = float(jaxrdp.dpsgd_epsilon(0.01, 1.1, 10_000, 1e-5)); t1 = ti
 g = float(jax.grad(lambda s: jaxrdp.dpsgd_epsilon(0.01, s, 10_000, 1e-5))(1.1))
 print(f"fresh process on {jax.devices()[0]}: dpsgd_epsilon {e:.6f} after {t1 - t:.2f} s, grad {g:.6f} after {time.perf_counter() - t1:.2f} s more")'
 step 60 "$PY" -c "$FIRST"
-step 90 "$PY" benchmarks/bench_gpu.py --repeats 3 --budget 2
-step 60 "$PY" benchmarks/bench_sweep.py --size 1000000
-step 60 "$PY" benchmarks/bench_sweep.py --size 1000000 --float64
-step 90 "$PY" benchmarks/bench_sweep.py --size 100000000
-step 60 "$PY" benchmarks/bench_rdp_curve.py --pairs 2000 --subset 20 --repeats 5
-step 90 "$PY" benchmarks/bench_pld.py --repeats 3 --skip-first-call --skip-phased
-step 120 "$PY" benchmarks/bench_sweep.py --size 100000000 --float64
-step 60 "$PY" benchmarks/bench_rdp_curve.py --pairs 2000 --subset 20 --repeats 5 --float32
+step 90 "$PY" benchmarks/bench_gpu.py --repeats 3 --budget 2 --json "$R/bench_gpu.json"
+step 60 "$PY" benchmarks/bench_sweep.py --size 1000000 --json "$R/bench_sweep_1e6_float32.json"
+step 60 "$PY" benchmarks/bench_sweep.py --size 1000000 --float64 --json "$R/bench_sweep_1e6_float64.json"
+step 90 "$PY" benchmarks/bench_sweep.py --size 100000000 --json "$R/bench_sweep_1e8_float32.json"
+step 60 "$PY" benchmarks/bench_rdp_curve.py --pairs 2000 --subset 20 --repeats 5 --json "$R/bench_rdp_curve_float64.json"
+step 90 "$PY" benchmarks/bench_pld.py --repeats 3 --skip-first-call --skip-phased --json "$R/bench_pld.json"
+step 120 "$PY" benchmarks/bench_sweep.py --size 100000000 --float64 --json "$R/bench_sweep_1e8_float64.json"
+step 60 "$PY" benchmarks/bench_rdp_curve.py --pairs 2000 --subset 20 --repeats 5 --float32 --json "$R/bench_rdp_curve_float32.json"
 echo "== done after $SECONDS s" | tee -a "$LOG"
