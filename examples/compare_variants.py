@@ -32,6 +32,8 @@ For the Gaussian mechanism the RDP curve *is* the zCDP line ρα, so (b) and (c)
 the conversion: the tight zCDP conversion is the infimum over all real α of the improved RDP
 conversion (hence ≤ the RDP value on a finite grid), and BS16's formula is the infimum of the
 classic one. Advanced composition is the loosest for many steps.
+
+Takes about 6 s on a laptop CPU with the defaults, most of it compilation.
 """
 
 from __future__ import annotations
@@ -151,6 +153,8 @@ def main(argv=None):
 
   decades = [10**p for p in range(int(np.log10(args.steps)) + 1)] + [args.steps]
   steps = np.unique(np.concatenate([np.round(np.geomspace(1, args.steps, 60)), decades]).astype(np.int64))
+  print(f"epsilon at {len(steps)} step counts from 1 to {args.steps}: advanced composition, "
+        "zCDP, RDP ...", flush=True)
   result = compare(steps, args.sigma, args.delta)
   rows = [int(np.searchsorted(steps, d)) for d in sorted(set(decades))]
   print(f"sigma = {args.sigma:g}, delta = {args.delta:g}")

@@ -1,6 +1,6 @@
 """jaxrdp quickstart: ε of DP-SGD runs, exact at every order, compared with dp_accounting.
 
-Run:  python examples/quickstart.py
+Run:  python examples/quickstart.py   (about 10 s on a laptop CPU, most of it compilation)
 
 Prints, for a few DP-SGD configurations (Poisson sampling rate q, noise multiplier σ, steps T,
 δ), the ε and optimal order from jaxrdp, dp_accounting's RDP ε on its own order grid (when it

@@ -15,7 +15,8 @@ After each epoch it prints the test accuracy and ε at δ (from the optimizer st
 ``jaxrdp.privacy_spent``), then trains the same model without privacy (plain SGD with the
 same learning-rate and momentum on shuffled mini-batches) for comparison.
 
-Run from the repository root (needs scikit-learn and tqdm)::
+Run from the repository root after ``pip install -e ".[examples]"`` (scikit-learn, tqdm);
+about 17 s on a laptop CPU with the defaults (30 epochs and the non-private run)::
 
   python examples/train_dpsgd.py
   python examples/train_dpsgd.py --epochs 20 --sigma 1.2 --batch-size 64

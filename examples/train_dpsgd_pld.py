@@ -17,17 +17,18 @@ and both ε of each run. With ``--plot PATH`` (needs matplotlib) it plots ε aga
 steps for both σ and both accountants (``jaxrdp.dpsgd_epsilon`` at ``--curve-points`` step
 counts). All PLD values share one grid (``jaxrdp.pld_grid``), so that its program compiles once.
 
-Defaults (ε = 1, δ = 1e-5, b = 64 so q = 0.0445, 10 epochs = 230 steps; ~20 s on a 2-core CPU,
-most of it compilation): σ_rdp = 2.940, σ_pld = 2.716 (7.6 % less noise); the RDP-calibrated
-run has ε = 0.908 by the PLD, the PLD-calibrated one ε = 1.10 by RDP. Test accuracy 0.858
-(σ_rdp) and 0.869 (σ_pld), one seed: the difference is within the epoch-to-epoch swings of a
-single run, not a measured gain. At the same q and T the noise saved grows as ε shrinks: 5.8 %
-at ε = 4, 8.3 % at ε = 0.5.
+Defaults (ε = 1, δ = 1e-5, b = 64 so q = 0.0445, 10 epochs = 230 steps; about 25 s on a laptop
+CPU with ``--plot``, most of it compilation): σ_rdp = 2.940, σ_pld = 2.716 (7.6 % less noise);
+the RDP-calibrated run has ε = 0.908 by the PLD, the PLD-calibrated one ε = 1.10 by RDP. Test
+accuracy 0.858 (σ_rdp) and 0.869 (σ_pld), one seed: the difference is within the epoch-to-epoch
+swings of a single run, not a measured gain. At the same q and T the noise saved grows as ε
+shrinks: 5.8 % at ε = 4, 8.3 % at ε = 0.5.
 
 The PLD accountant computes in float64, so the script switches on ``jax_enable_x64`` (the
 library never does); the model's parameters and data stay float32.
 
-Run from the repository root (needs scikit-learn and tqdm; matplotlib for ``--plot``)::
+Run from the repository root after ``pip install -e ".[examples]"`` (scikit-learn, tqdm,
+matplotlib for ``--plot``)::
 
   python examples/train_dpsgd_pld.py
   python examples/train_dpsgd_pld.py --epsilon 2 --epochs 20 --plot pld.png
@@ -149,6 +150,9 @@ def main(argv=None):
   steps_per_epoch = max(1, args.steps_per_epoch or math.ceil(n / args.batch_size))
   total_steps = args.epochs * steps_per_epoch
 
+  if not args.quiet:
+    print(f"calibrating sigma for epsilon = {args.epsilon:g} (delta = {args.delta:g}) by RDP "
+          "and by the PLD accountant ...", flush=True)
   sigmas = {accountant: float(jaxrdp.calibrate_noise_multiplier(
       args.epsilon, args.delta, q, total_steps, accountant=accountant)) for accountant in ACCOUNTANTS}
   print(f"N = {n}, q = b/N = {q:.4f}, T = {args.epochs} epochs x {steps_per_epoch} steps = "
@@ -191,6 +195,9 @@ def main(argv=None):
   print("(delta total: delta + the truncation delta of the Poisson batches, "
         "jaxrdp.poisson_truncation_delta)")
 
+  if not args.quiet:
+    print(f"epsilon after t steps at {args.curve_points} step counts, both sigmas, both "
+          "accountants ...", flush=True)
   steps, curves = epsilon_curves(q, sigmas, total_steps, args.delta, args.curve_points, grid)
   result = {"sampling_rate": q, "steps": total_steps, "sigmas": sigmas, "runs": rows,
             "curve_steps": steps, "curves": curves}

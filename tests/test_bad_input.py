@@ -811,6 +811,11 @@ CLI_EXTRA = [   # (argv, flag named in the message)
     (["epsilon", "--orders", "abc"], "--orders"), (["epsilon", "--orders", ""], "--orders"),
     (["epsilon", "--orders", "2,,3"], "--orders"),
     (["plot", "--out", "/nonexistent-dir/eps.png"], "--out"),
+    (["plot", "--csv", "/nonexistent-dir/eps.csv"], "--csv"),
+    (["plot", "--accountant", "tight"], "--accountant"),
+    (["plot", "--steps-range", "5:5"], "--steps-range"),
+    (["plot", "--points", "1"], "--points"),
+    (["plot", "--log", "z"], "--log"),
     (["epsilon", "--accountant", "bogus"], "--accountant"),
     (["epsilon", "--accountant", "pld", "--orders", "2,3"], "--orders"),
     (["calibrate", "--accountant", "tight"], "--accountant"),
@@ -863,7 +868,9 @@ def test_cli_table_covers_every_subcommand_and_flag():
     optional = ({"--orders"} if cmd == "epsilon" else set()) | (
         {"--accountant"} if cmd in ("epsilon", "calibrate", "dpsgd") else set()) | (
         {"--dataset-size", "--batch-size", "--epochs"} if cmd in ("epsilon", "calibrate")
-        else set()) | ({"--solve-for", "--noise-multiplier"} if cmd == "calibrate" else set())
+        else set()) | ({"--solve-for", "--noise-multiplier"} if cmd == "calibrate" else set()) | (
+        {"--accountant", "--steps-range", "--points", "--log", "--csv"} if cmd == "plot"
+        else set())
     assert flags - {"--help", "--json"} == set(CLI_VALID[cmd]) | optional
 
 

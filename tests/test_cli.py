@@ -170,9 +170,9 @@ def test_plot_writes_png(tmp_path, capsys):
   out = tmp_path / "eps.png"
   assert cli.main(["plot"] + MECHANISM + ["--out", str(out)]) == 0
   assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-  eps, order, _ = _library(Q, SIGMA, T, DELTA)
+  _, order, refined = _library(Q, SIGMA, T, DELTA)
   assert capsys.readouterr().out.splitlines() == [
-      f"ε = {eps:.4g} after {T} steps (δ = 1e-05, RDP, order {order:g})", f"wrote {out}"]
+      f"ε = {refined:.4g} after {T} steps (δ = 1e-05, RDP, order ≈ {order:g})", f"wrote {out}"]
 
 
 def test_plot_without_matplotlib(tmp_path, capsys, monkeypatch):

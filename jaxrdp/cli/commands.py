@@ -1,4 +1,5 @@
-"""The accounting commands: ``epsilon``, ``calibrate``, ``dpsgd`` and ``plot``.
+"""The accounting commands: ``epsilon``, ``calibrate`` and ``dpsgd`` (``plot`` and ``sweep``
+have their own modules).
 
 Each prints one headline line first (the answer: ``ε = 0.8431 (δ = 1e-05, RDP, order ≈ 12)``,
 ``σ = 1.0123 for ε = 2 (δ = 1e-05, RDP)``), then its details. ``--json`` prints one object whose
@@ -17,7 +18,6 @@ import jaxrdp
 from jaxrdp.cli.parsing import (RATE_FLAGS, TRAINING_FLAGS, assumptions, choose_form, fail, given,
                                 library_error, training_schedule)
 
-_PLOT_POINTS = 40
 _ASCII = str.maketrans({"ε": "epsilon", "σ": "sigma", "δ": "delta", "≈": "~"})
 _CALIBRATE = {   # --solve-for: (the unknown's JSON key, the library's calibration)
     "noise-multiplier": ("noise_multiplier", jaxrdp.calibrate_noise_multiplier),
@@ -243,40 +243,3 @@ def cmd_dpsgd(args, out) -> None:
       f"{unavailable}",
   ]
   print("\n".join(lines), file=out)
-
-
-def cmd_plot(args, out) -> None:
-  try:
-    from matplotlib.figure import Figure
-  except ImportError:
-    fail("plot needs matplotlib: pip install matplotlib")
-  t = args.steps
-  ts = np.unique(np.ceil(np.linspace(t / _PLOT_POINTS, t, _PLOT_POINTS)).astype(np.int64))
-  with jax.enable_x64(True):
-    orders = grid(None)
-    per_step = np.asarray(jaxrdp.compute_rdp(args.sampling_rate, args.noise_multiplier, 1, orders))
-    eps, _ = jaxrdp.compute_epsilon(orders, ts[:, None] * per_step[None, :], args.delta)
-    eps = np.asarray(eps)
-    rdp_t = per_step * t
-    eps_t, order_t = (float(v) for v in jaxrdp.compute_epsilon(orders, rdp_t, args.delta))
-  fig = Figure(figsize=(10, 4), layout="constrained")
-  ax1, ax2 = fig.subplots(1, 2)
-  ax1.plot(ts, eps, marker=".")
-  ax1.set_xlabel("steps")
-  ax1.set_ylabel(f"epsilon (delta = {args.delta:g})")
-  ax1.set_title(f"q = {args.sampling_rate:g}, sigma = {args.noise_multiplier:g}")
-  ax1.grid(True, alpha=0.3)
-  finite = np.isfinite(orders) & np.isfinite(rdp_t)
-  ax2.loglog(orders[finite], rdp_t[finite])
-  ax2.axvline(order_t, color="gray", linestyle="--", label=f"optimal order {order_t:g}")
-  ax2.set_xlabel("order alpha")
-  ax2.set_ylabel(f"RDP after {t} steps")
-  ax2.set_title(f"RDP curve (epsilon = {eps_t:.4g})")
-  ax2.legend()
-  ax2.grid(True, which="both", alpha=0.3)
-  try:
-    fig.savefig(args.out, dpi=100)
-  except (OSError, ValueError) as err:
-    fail(f"--out cannot be written: {' '.join(str(err).split())}")
-  headline(out, f"ε = {eps_t:.4g} after {t} steps (δ = {args.delta:g}, RDP, order {order_t:g})")
-  print(f"wrote {args.out}", file=out)

@@ -8,6 +8,8 @@ Usage::
   jaxrdp calibrate --epsilon E --delta D --solve-for {noise-multiplier,sampling-rate,steps} ...
   jaxrdp dpsgd     --dataset-size N --batch-size B --epochs E --noise-multiplier S --delta D [--json]
   jaxrdp plot      --sampling-rate Q --noise-multiplier S --steps T --delta D --out FILE.png
+                   [--csv FILE.csv] [--accountant pld] [--log {x,y,both}] [--points N]
+  jaxrdp plot      ... --steps-range START:STOP ... --csv FILE.csv   (no image, no matplotlib)
   jaxrdp sweep     --sampling-rates QS --noise-multipliers SS --steps TS --deltas DS
                    [--out FILE.csv|FILE.parquet] [--heatmap FILE.png] [--progress]
 
@@ -39,7 +41,9 @@ value (e.g. ε = inf) is written as ``null``. ``dpsgd`` also reports the PLD's �
 cannot be sized for the schedule (too many grid points at its interval) and the accountant is
 RDP, it reports the RDP result and says the PLD is unavailable (JSON: ``epsilon_pld`` null,
 ``epsilon_pld_unavailable`` the reason, null otherwise); with ``--accountant pld`` that is an
-error. ``plot`` needs matplotlib (``pip install matplotlib``).
+error. ``plot`` draws ε after t steps (RDP: :func:`jaxrdp.epsilon_trajectory`; PLD:
+:func:`jaxrdp.pld_epsilon` at each t on one grid) and writes the image (``--out``, needs
+matplotlib) and/or the points as CSV (``--csv``): :mod:`jaxrdp.cli.plot`.
 
 All computation runs in float64 inside ``with jax.enable_x64(True):``; the global flag is never
 changed. Bad input exits with status 2 and a one-line message naming the flag.
@@ -53,9 +57,10 @@ import sys
 import jax
 
 import jaxrdp
-from jaxrdp.cli import commands, sweep
+from jaxrdp.cli import commands, plot, sweep
 from jaxrdp.cli.parsing import (Parser, UsageError, fail, grid_steps, grid_values, in_domain,
-                                library_error, number, numbers, range_text, whole)
+                                library_error, number, numbers, points, range_text,
+                                steps_range, whole)
 
 _PROG = "jaxrdp"
 # The helpers' former names here (tests and users' scripts import them from this module).
@@ -127,13 +132,26 @@ def _build_parser() -> argparse.ArgumentParser:
   p.add_argument("--json", action="store_true", help="print a JSON object")
   p.set_defaults(func=commands.cmd_dpsgd)
 
-  p = sub.add_parser("plot", help="plot epsilon vs steps and the RDP curve (needs matplotlib)")
+  p = sub.add_parser("plot", help="epsilon vs steps: an image (needs matplotlib) and/or a CSV",
+                     description="Epsilon of DP-SGD (Poisson sampling) after t steps, for t up "
+                     "to --steps or over\n--steps-range, by RDP or the PLD (float64).",
+                     epilog=plot.HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
   add(p, "--sampling-rate", "sampling_rate", number, "q {}")
   add(p, "--noise-multiplier", "positive_noise_multiplier", number, "sigma {}")
-  add(p, "--steps", "count", whole, "number of steps T {}")
+  add_optional(p, "--steps", "count", whole, "last number of steps T {} (or --steps-range)")
+  p.add_argument("--steps-range", type=steps_range, default=None, metavar="START:STOP",
+                 help="the steps plotted, from START to STOP (whole numbers, e.g. 100:1e4)")
   add(p, "--delta", "delta", number, "delta {}")
-  p.add_argument("--out", type=str, required=True, help="output image file, e.g. eps.png")
-  p.set_defaults(func=commands.cmd_plot)
+  add_accountant(p)
+  p.add_argument("--points", type=points, default=None,
+                 help="number of step counts, at least 2 (default 40; 20 with --accountant pld)")
+  p.add_argument("--log", choices=("x", "y", "both"), default=None,
+                 help="log scale on the steps axis (x), the epsilon axis (y) or both")
+  p.add_argument("--out", default=None, metavar="FILE.png",
+                 help="image to write (needs matplotlib)")
+  p.add_argument("--csv", default=None, metavar="FILE.csv",
+                 help="table to write: the step counts and epsilon")
+  p.set_defaults(func=plot.cmd_plot)
 
   p = sub.add_parser("sweep", help="epsilon over a grid of (q, sigma, steps, delta): table, heatmap",
                      description="Epsilon of DP-SGD (Poisson sampling) for every combination of the "

@@ -178,6 +178,38 @@ def grid_steps(text):
   return np.asarray(values, np.float64)
 
 
+def points(text: str) -> int:
+  """A number of points on a curve: :func:`whole`, at least 2."""
+  value = whole(text)
+  if value < 2:
+    raise argparse.ArgumentTypeError(f"must be at least 2, got {value}")
+  return value
+
+
+def steps_range(text):
+  """``START:STOP``: the steps plotted, two whole numbers (:func:`whole`: ``1e4`` is 10000)
+  with 0 <= START < STOP."""
+  parts = text.split(":")
+  try:
+    if len(parts) != 2:
+      raise argparse.ArgumentTypeError
+    start, stop = (whole(part) for part in parts)
+  except argparse.ArgumentTypeError:
+    raise argparse.ArgumentTypeError(
+        f"must be START:STOP, two whole numbers (e.g. 100:1e4), got {text!r}") from None
+  if not 0 <= start < stop:
+    raise argparse.ArgumentTypeError(f"must be START:STOP with 0 <= START < STOP, got {text!r}")
+  return start, stop
+
+
+def writable(flag, path) -> None:
+  """Bad input naming ``flag`` where ``path`` cannot be a file written (before any work)."""
+  import os
+  parent = os.path.dirname(os.path.abspath(path))
+  if os.path.isdir(path) or not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+    fail(f"{flag} cannot be written: {path}")
+
+
 # --- which flags a command was given --------------------------------------------------------
 
 def given(args, flag) -> bool:

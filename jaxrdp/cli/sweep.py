@@ -8,7 +8,7 @@ import numpy as np
 
 from jaxrdp.accounting.sweep import sweep as _sweep
 from jaxrdp.cli.commands import grid, headline
-from jaxrdp.cli.parsing import fail, fmt
+from jaxrdp.cli.parsing import fail, fmt, writable
 
 VALUES = """\
 Grid values (--sampling-rates, --noise-multipliers, --steps, --deltas): comma-separated items,
@@ -34,13 +34,6 @@ def _pick(flag, grid_flag, grid, value):
     fail(f"{flag} must be one of the {grid_flag} values ({', '.join(fmt(v) for v in grid)}), "
           f"got {fmt(value)}")
   return int(hit[0])
-
-
-def _writable(flag, path) -> None:
-  import os
-  parent = os.path.dirname(os.path.abspath(path))
-  if os.path.isdir(path) or not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-    fail(f"{flag} cannot be written: {path}")
 
 
 def _write_table(path, axes, eps) -> None:
@@ -104,14 +97,14 @@ def cmd_sweep(args, out) -> None:
   if args.out is None and args.heatmap is None:
     fail("--out (a .csv or .parquet file) or --heatmap (a .png file) is required")
   if args.out is not None:
-    _writable("--out", args.out)
+    writable("--out", args.out)
     if args.out.endswith(".parquet"):
       try:
         import pyarrow.parquet  # noqa: F401
       except ImportError:
         fail("--out FILE.parquet needs pyarrow: pip install pyarrow (or write a .csv file)")
   if args.heatmap is not None:
-    _writable("--heatmap", args.heatmap)
+    writable("--heatmap", args.heatmap)
     try:
       import matplotlib.figure  # noqa: F401
     except ImportError:
