@@ -176,7 +176,11 @@ def test_an_open_value_is_filled_by_the_per_order_quadrature(monkeypatch):
 
   monkeypatch.setattr(epsilon, "_grid_evaluation", leave_one_open)
   got = [float(v) for v in accounting._concrete_epsilon(q, s, t, np.asarray(DELTA), grid, True)]
-  assert calls and got == pytest.approx(expected, rel=1e-12, abs=0)
+  assert calls
+  assert got[0] == pytest.approx(expected[0], rel=1e-12, abs=0)
+  # The order to the refinement's resolution (a 10^6th of a grid spacing): ε is flat there,
+  # so values of the two kernels that differ by ~1e-14 may pick a neighbouring slot.
+  assert got[1] == pytest.approx(expected[1], abs=1e-6 * 0.1)
 
 
 @pytest.mark.parametrize("alpha", [4.6714502644696205, 5.0, 37.5])

@@ -15,12 +15,12 @@ bound. Gradients follow the envelope theorem: the optimal order is held fixed (e
 
 How it is evaluated: on a concrete grid (the default) every grid order goes through the exact
 sums and the shared nodes (:func:`jaxrdp.mechanisms.sampled_gaussian.log_a_and_rdp_at_orders`),
-and each refinement step evaluates as many rows of shared nodes as the grid's fractional
-orders take (:func:`_slot_layout`: 96 orders per step on the default grid, four steps). For
-concrete inputs the steps run from the host (:func:`_search_orders` and :func:`_search_update`,
-the grid and the refinement's slots in one program); for traced ones in one loop that holds
-only the rows of shared nodes (:func:`_grid_search`; the exact sums are evaluated once,
-before it): the same orders in the same rows, so the same ε. Long schedules (more than 64
+and each refinement step evaluates one row of shared nodes (:func:`_slot_width`: 32 orders
+per step on the default grid, five steps). For concrete inputs the steps run from the host
+(:func:`_search_orders` and :func:`_search_update`, the grid and the refinement's slots in one
+program); for traced ones in one loop that evaluates one row of shared nodes per step, the
+grid's rows first (:func:`_grid_search`; the exact sums are evaluated once, before it): the
+same orders in the same rows, so the same ε. Long schedules (more than 64
 phases), traced or not, evaluate each phase only at the grid orders that bounds from the
 phases binned by σ leave in play, and refine in windows of 16 orders (:func:`_binned_search`,
 one program with static shapes). Calibrations (:mod:`jaxrdp.accounting.calibration`) run
@@ -192,14 +192,11 @@ def dpsgd_epsilon_unchecked(q, sigma, t, delta, grid, refine_order):
   return _envelope(eps, best, q, sigma, t, delta)
 
 
-def _slot_layout(split):
-  """(rows, width) of the refinement's orders on a concrete grid with ``split``: one row of
-  ``width`` orders (the longest group of shared nodes, at least order_search.BATCH) per
-  group of shared nodes, at least one. A refinement step then evaluates as many rows of
-  shared nodes as the grid's fractional orders take (the rows are padded to that width in
-  any case), and narrows the bracket (rows * width + 1)/2 times."""
-  widths = [len(g) for g in split.shared]
-  return max(1, len(widths)), max(widths + [order_search.BATCH])
+def _slot_width(split):
+  """Orders per refinement step on a concrete grid with ``split``: one row of shared nodes as
+  wide as the grid's longest group (its rows are padded to that width in any case), at least
+  order_search.BATCH. A step narrows the bracket (width + 1)/2 times."""
+  return max([len(g) for g in split.shared] + [order_search.BATCH])
 
 
 _REFINEMENT_SHRINK = 1e6   # how many times a concrete grid's refinement narrows its bracket
@@ -215,18 +212,16 @@ def refinement_steps(count):
 
 def _with_slots(grid):
   """(orders, split, tables) for a concrete grid: the grid followed by the refinement's slots
-  (:func:`_slot_layout`; placeholders here), with the split of the grid plus one shared-node
-  group per row of slots; None for a traced grid. Every step of the eager search evaluates
+  (:func:`_slot_width`; placeholders here), with the split of the grid plus the slots as one
+  more shared-node group; None for a traced grid. Every step of the eager search evaluates
   this one program: the grid and the slots together."""
   split = sampled_gaussian.order_split(grid)
   if split is None:
     return None
   k = grid.shape[0]
-  rows, width = _slot_layout(split)
-  slots = tuple(tuple(range(k + r * width, k + (r + 1) * width)) for r in range(rows))
-  orders = np.concatenate([np.asarray(grid),
-                           np.linspace(1.5, 2.5, rows * width, dtype=grid.dtype)])
-  return (orders, sampled_gaussian.OrderSplit(split.sums, split.shared + slots),
+  width = _slot_width(split)
+  orders = np.concatenate([np.asarray(grid), np.linspace(1.5, 2.5, width, dtype=grid.dtype)])
+  return (orders, sampled_gaussian.OrderSplit(split.sums, split.shared + (tuple(range(k, k + width)),)),
           sampled_gaussian.order_tables(grid, split))
 
 
@@ -256,10 +251,11 @@ def _search_orders(state, orders, n, xp):
   return xp.where(state[0] == 0, orders, slotted)
 
 
-def _search_update(state, eps, pending, grid, refine_steps, xp):
+def _search_update(state, eps, pending, grid, refine_steps, xp, grid_steps=1):
   """The search's state after a step with ε ``eps`` and open flags ``pending`` at the grid's
-  orders followed by the refinement's (as :func:`_search_orders` lays them out). Step 0 takes
-  the best grid order and brackets the refinement between its grid neighbours; each later
+  orders followed by the refinement's (as :func:`_search_orders` lays them out). Step
+  ``grid_steps - 1`` takes the best grid order and brackets the refinement between its grid
+  neighbours (steps before it only fill in the grid's values: :func:`_grid_search`); each later
   step keeps the best of the refinement's orders and narrows the bracket
   (:mod:`jaxrdp.accounting.order_search`, the same rules as the branch-and-bound search).
   ``state``: (step, best ε, its order, bracket lo, hi, open, go): ``open`` says a value that
@@ -272,8 +268,9 @@ def _search_update(state, eps, pending, grid, refine_steps, xp):
   i = xp.argmin(eps[:k])
   eps_new = eps[k:]
   j = xp.argmin(eps_new)
-  better = eps_new[j] < best
-  first = step == 0
+  filling = step < grid_steps - 1
+  better = (eps_new[j] < best) & (step >= grid_steps)
+  first = step == grid_steps - 1
   best_alpha = xp.where(first, grid[i], xp.where(better, inside[j], best_alpha))
   best = xp.where(first, eps[i], xp.where(better, eps_new[j], best))
   start = order_search.bracket_of(grid, usable, best_alpha, xp)
@@ -281,7 +278,8 @@ def _search_update(state, eps, pending, grid, refine_steps, xp):
   lo, hi = (xp.where(first, a, b) for a, b in zip(start, new))
   is_open = is_open | xp.where(first, xp.any(pending[:k]), xp.any(pending[k:]))
   refinable = xp.isfinite(best) & xp.isfinite(best_alpha) & (best_alpha > 1) & xp.any(usable)
-  return step + 1, best, best_alpha, lo, hi, is_open, (step < refine_steps) & refinable
+  go = filling | ((step - (grid_steps - 1) < refine_steps) & refinable)
+  return step + 1, best, best_alpha, lo, hi, is_open, go
 
 
 def _search_start(dtype):
@@ -300,20 +298,21 @@ def _search_result(state, delta, xp):
 @functools.partial(compilation.jit, static_argnames=("refine_steps", "split"), work=_work)
 def _grid_search(q, sigma, t, delta, orders, split, tables, refine_steps):
   """(ε, its order) of the search of :func:`_concrete_epsilon` on a concrete grid ``orders``
-  with its ``split`` and ``tables``, every step in one loop that evaluates only the rows of
-  shared nodes: at step 0 the grid's groups (each padded to the width of the longest with its
-  last order, as :func:`jaxrdp.mechanisms.sampled_gaussian` lays them out), then the
-  refinement's orders in as many rows (:func:`_slot_layout`). Every other order (the exact
-  sums of the integer orders, and the per-order quadrature for any order outside the split's
-  groups) does not change between steps: evaluated once, outside the loop (a kernel inside a
-  loop also compiles ~1.5x slower). The same orders, in the same rows, as the eager search
-  (:func:`_search_update` decides both), so the same ε."""
+  with its ``split`` and ``tables``, in one loop that evaluates one row of shared nodes per
+  step: the grid's groups first, one per step (each padded to the width of the longest with
+  its last order, as :func:`jaxrdp.mechanisms.sampled_gaussian` lays them out), then the
+  refinement's orders (:func:`_slot_width`). Every other grid order (the exact sums of the
+  integer orders, and the per-order quadrature for any order outside the split's groups) is
+  evaluated once, outside the loop (a kernel inside a loop also compiles ~1.5x slower). The
+  loop holds one copy of the kernel, each step one row per phase (under ``jax.vmap``, per
+  phase and batch entry: a quarter of the rows that grid and slots together would take). The
+  same orders, in the same rows, as the eager search (:func:`_search_update` decides both),
+  so the same ε."""
   # A host grid becomes a graph constant here: when this function is inlined into an outer
   # trace (jax.jit(jax.vmap(f)), see jaxrdp._internal.compilation) it arrives as NumPy.
   grid = jnp.asarray(orders)
   k = grid.shape[0]
-  rows, width = _slot_layout(split)
-  n = rows * width
+  width = _slot_width(split)
   in_rows = np.zeros(k, bool)
   for g in split.shared:
     in_rows[list(g)] = True
@@ -321,11 +320,12 @@ def _grid_search(q, sigma, t, delta, orders, split, tables, refine_steps):
   # Each grid order's place among (the values outside the loop, the rows' values).
   source = np.zeros(k, int)
   source[outside] = np.arange(outside.size)
-  padded = [g + (g[-1],) * (width - len(g)) for g in split.shared]
   for r, g in enumerate(split.shared):
     source[list(g)] = outside.size + r * width + np.arange(len(g))
-  first_rows = (grid[np.concatenate(padded)] if padded
-                else jnp.full((n,), 2.0, grid.dtype))   # no groups: a row not read at step 0
+  # The grid's rows; no groups: one row whose values are not read.
+  rows = (grid[np.array([g + (g[-1],) * (width - len(g)) for g in split.shared])]
+          if split.shared else jnp.full((1, width), 2.0, grid.dtype))
+  n_rows = rows.shape[0]
   if outside.size:
     renumber = np.cumsum(~in_rows) - 1
     sums = tuple((tuple(int(i) for i in renumber[list(p)]), top) for p, top in split.sums)
@@ -333,21 +333,32 @@ def _grid_search(q, sigma, t, delta, orders, split, tables, refine_steps):
                                   sampled_gaussian.OrderSplit(sums, ()), tables, fallback=True)
   else:
     eps_outside = jnp.zeros((0,), grid.dtype)
-  row_split = sampled_gaussian.OrderSplit(
-      (), tuple(tuple(range(r * width, (r + 1) * width)) for r in range(rows)))
-
-  def step(state):
-    first = state[0] == 0
-    inside = order_search.refinement_orders(state[3], state[4], count=n)
-    eps, _ = _grid_values(q, sigma, t, delta, jnp.where(first, first_rows, inside), row_split,
-                          (), fallback=True)
-    at_grid = jnp.concatenate([eps_outside, eps])[source]
-    eps = jnp.concatenate([at_grid, eps])
-    return _search_update(state, eps, jnp.zeros(eps.shape, bool), grid, refine_steps, jnp)
+  at_grid = lambda row_eps: jnp.concatenate([eps_outside, row_eps.reshape(-1)])[source]
+  values = lambda alphas, count: _grid_values(
+      q, sigma, t, delta, alphas,
+      sampled_gaussian.OrderSplit((), tuple(tuple(range(r * width, (r + 1) * width))
+                                            for r in range(count))), (), fallback=True)[0]
   state = jax.tree_util.tree_map(jnp.asarray, _search_start(grid.dtype))
-  # Without refinement one step: no loop around the kernel.
-  state = (step(state) if refine_steps == 0 else
-           loops.while_loop(lambda st: st[-1], step, state, batched_as=(q, sigma, t, delta)))
+  if refine_steps == 0:   # the grid's rows at once: no loop around the kernel
+    row_eps = values(rows.reshape(-1), n_rows)
+    state = _search_update(state, jnp.concatenate([at_grid(row_eps), row_eps[:width]]),
+                           jnp.zeros(k + width, bool), grid, refine_steps, jnp)
+    return _search_result(state, delta, jnp)[:2]
+
+  def step(carry):
+    state, row_eps = carry
+    row = state[0]
+    filling = row < n_rows
+    at_row = jnp.minimum(row, n_rows - 1)
+    inside = order_search.refinement_orders(state[3], state[4], count=width)
+    eps = values(jnp.where(filling, rows[at_row], inside), 1)
+    row_eps = jnp.where(filling, lax.dynamic_update_index_in_dim(row_eps, eps, at_row, 0),
+                        row_eps)
+    state = _search_update(state, jnp.concatenate([at_grid(row_eps), eps]),
+                           jnp.zeros(k + width, bool), grid, refine_steps, jnp, n_rows)
+    return state, row_eps
+  carry = (state, jnp.zeros((n_rows, width), grid.dtype))
+  state, _ = loops.while_loop(lambda c: c[0][-1], step, carry, batched_as=(q, sigma, t, delta))
   return _search_result(state, delta, jnp)[:2]
 
 

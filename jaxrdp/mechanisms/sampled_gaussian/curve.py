@@ -161,7 +161,8 @@ def _log_a_and_rdp_jit(q, sigma, alpha):
 
 
 def _quadrature_values(q, sigma, alphas, groups, fallback):
-  """log J (n, m) for flat generic q, sigma (n,) and orders ``alphas`` (m,): the orders of
+  """log J (n, m) for flat generic q, sigma (n,) and orders ``alphas`` ((m,), or each pair's own
+  (n, m)): the orders of
   ``groups`` (static tuples of positions) on shared nodes, then, with ``fallback``, the
   per-order kernel (:func:`_log_j`) at every other order, on compacted batches of
   _FALLBACK_BATCH elements (static shapes; nothing runs when nothing is left). Where the
@@ -170,7 +171,7 @@ def _quadrature_values(q, sigma, alphas, groups, fallback):
   +inf instead (sound: RDP is over-reported, never under-reported) and keeps the per-order
   kernel out of the graph, which would double the compile time. Without ``fallback`` all
   those values are left +inf."""
-  n, m = q.shape[0], alphas.shape[0]
+  n, m = q.shape[0], alphas.shape[-1]
   all_shared = sum(len(g) for g in groups) == m
   log_j = _shared_values(q, sigma, alphas, groups)
   if not fallback or all_shared:
@@ -178,7 +179,7 @@ def _quadrature_values(q, sigma, alphas, groups, fallback):
   size = n * m
   batch = min(size, _FALLBACK_BATCH)
   q_all, s_all, a_all = (jnp.broadcast_to(v, (n, m)).reshape(-1)
-                         for v in (q[:, None], sigma[:, None], alphas[None, :]))
+                         for v in (q[:, None], sigma[:, None], alphas))
 
   def body(state):
     log_j, pending = state
@@ -195,30 +196,41 @@ def _quadrature_values(q, sigma, alphas, groups, fallback):
 @functools.lru_cache(maxsize=None)
 def _quadrature_kernel(groups, fallback):
   """_quadrature_values for one static ``groups``, with a batching rule that flattens a
-  vmapped batch of pairs into the same flat computation (vmap = arrays)."""
+  vmapped batch of pairs into the same flat computation (vmap = arrays), orders that differ
+  along the batch into each pair's own orders."""
   @jax.custom_batching.custom_vmap
   def kernel(q, sigma, alphas):
     if _placeholder_primal():
-      return jnp.full((q.shape[0], alphas.shape[0]), jnp.nan, q.dtype)
+      return jnp.full((q.shape[0], alphas.shape[-1]), jnp.nan, q.dtype)
     return _quadrature_values(q, sigma, alphas, groups, fallback)
 
   @kernel.def_vmap
   def _rule(axis_size, in_batched, q, sigma, alphas):
-    if in_batched[2]:   # orders that differ along the batch: no flattening
-      fn = lambda q_, s_, a_: _quadrature_values(q_, s_, a_, groups, fallback)
-      axes = tuple(0 if b else None for b in in_batched)
-      return jax.vmap(fn, in_axes=axes)(q, sigma, alphas), True
-    q, sigma = (x if b else jnp.broadcast_to(x, (axis_size,) + x.shape)
-                for x, b in zip((q, sigma), in_batched[:2]))
+    q, sigma, alphas = _flattened(axis_size, in_batched, q, sigma, alphas)
     out = kernel(q.reshape(-1), sigma.reshape(-1), alphas)
     return out.reshape(q.shape + out.shape[-1:]), True
 
   return _rule_only_when_batched(kernel)
 
 
+def _flattened(axis_size, in_batched, q, sigma, orders):
+  """(q, sigma) (B, n) and the orders ((m,), or (B * n, m) where they differ along the batch
+  or by pair) of a vmapped batch of flat pairs (n,) with orders (m,) or (n, m): the pairs of
+  the whole batch in one flat computation, each with its own orders where needed."""
+  q, sigma = (x if b else jnp.broadcast_to(x, (axis_size,) + x.shape)
+              for x, b in zip((q, sigma), in_batched[:2]))
+  if in_batched[2] or orders.ndim == 2:
+    orders = orders if in_batched[2] else jnp.broadcast_to(orders, (axis_size,) + orders.shape)
+    if orders.ndim == 2:   # (B, m): the same for every pair of a batch entry
+      orders = jnp.broadcast_to(orders[:, None, :], q.shape + orders.shape[-1:])
+    orders = orders.reshape(-1, orders.shape[-1])
+  return q, sigma, orders
+
+
 @functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
 def _log_j_orders(q, sigma, alphas, groups, fallback):
-  """log J (n, m) of flat generic q, sigma (n,) at the orders ``alphas`` (m,); +inf only where
+  """log J (n, m) of flat generic q, sigma (n,) at the orders ``alphas`` ((m,) or (n, m)); +inf
+  only where
   even the per-order kernel cannot certify a value (without ``fallback``: wherever the
   shared nodes did not)."""
   return _quadrature_kernel(groups, fallback)(q, sigma, alphas)
@@ -226,15 +238,15 @@ def _log_j_orders(q, sigma, alphas, groups, fallback):
 
 @_log_j_orders.defjvp
 def _log_j_orders_jvp(groups, fallback, primals, tangents):
-  if not fallback or sum(len(g) for g in groups) == primals[2].shape[0]:
+  if not fallback or sum(len(g) for g in groups) == primals[2].shape[-1]:
     # Value and tangent on the shared nodes, in one pass (what is left open stays +inf): the
     # per-order kernel's derivative is not in the graph.
     return _shared_tangents(*primals, groups, tangents)
   # With the fallback, value and derivatives from the per-order kernel, which accumulates
   # the derivatives on its own nodes.
-  n, m = primals[0].shape[0], primals[2].shape[0]
+  n, m = primals[0].shape[0], primals[2].shape[-1]
   flat = lambda vs: [jnp.broadcast_to(v, (n, m)).reshape(-1)
-                     for v in (vs[0][:, None], vs[1][:, None], vs[2][None, :])]
+                     for v in (vs[0][:, None], vs[1][:, None], vs[2])]
   value, tangent = jax.jvp(_log_j, flat(primals), flat(tangents))
   return value.reshape(n, m), tangent.reshape(n, m)
 
@@ -278,17 +290,18 @@ def _at_orders_kernel(split, fallback):
   @jax.custom_batching.custom_vmap
   def batched(qf, sf, orders, tables):
     if _placeholder_primal():
-      return jnp.full((2 if fallback else 3, qf.shape[0], orders.shape[0]), jnp.nan, qf.dtype)
+      return jnp.full((2 if fallback else 3, qf.shape[0], orders.shape[-1]), jnp.nan, qf.dtype)
     return plain(qf, sf, orders, tables)
 
   @batched.def_vmap
   def _rule(axis_size, in_batched, qf, sf, orders, tables):
-    if in_batched[2] or any(jax.tree_util.tree_leaves(in_batched[3])):
+    if (any(jax.tree_util.tree_leaves(in_batched[3]))
+        or (split.sums and (in_batched[2] or orders.ndim == 2))):
+      # Batched tables, or exact sums at orders that differ along the batch: no flattening.
       axes = (0 if in_batched[0] else None, 0 if in_batched[1] else None,
               0 if in_batched[2] else None, tuple(0 if b else None for b in in_batched[3]))
       return jax.vmap(plain, in_axes=axes)(qf, sf, orders, tables), True
-    qf, sf = (x if b else jnp.broadcast_to(x, (axis_size,) + x.shape)
-              for x, b in zip((qf, sf), in_batched[:2]))
+    qf, sf, orders = _flattened(axis_size, in_batched, qf, sf, orders)
     out = batched(qf.reshape(-1), sf.reshape(-1), orders, tables)
     out = out.reshape(out.shape[:1] + qf.shape + out.shape[-1:])
     return jnp.moveaxis(out, 1, 0), True
@@ -308,7 +321,8 @@ def _at_orders_kernel(split, fallback):
 
 def _at_orders_flat(qf, sf, orders, tables, split, fallback):
   """(log A, RDP[, pending]) stacked, (2 or 3, n, m), for flat q, sigma (n,) and the orders
-  (m,) of ``split``: see :func:`log_a_and_rdp_at_orders`."""
+  of ``split`` ((m,), or (n, m) for each pair's own orders where the split has no exact
+  sums): see :func:`log_a_and_rdp_at_orders`."""
   dtype = qf.dtype
   generic = (qf > 0) & (qf < 1) & (sf > 0)
   qg, sg_ = _where(generic, qf, 0.5), _where(generic, sf, 1.0)
@@ -318,10 +332,10 @@ def _at_orders_flat(qf, sf, orders, tables, split, fallback):
   # gather, and the results put back by one.
   positions = [np.asarray(p, int) for p, _ in split.sums or ()]
   placed = np.concatenate(positions) if positions else np.zeros(0, int)
-  rest = np.setdiff1d(np.arange(orders.shape[0]), placed)
+  rest = np.setdiff1d(np.arange(orders.shape[-1]), placed)
   perm = np.concatenate([placed, rest])
   identity = bool(np.all(perm == np.arange(perm.size)))
-  permuted = orders if identity else orders[perm]
+  permuted = orders if identity else orders[..., perm]
   log_js, pendings = [], []
   if positions:
     starts = np.cumsum([0] + [p.size for p in positions])
@@ -329,15 +343,15 @@ def _at_orders_flat(qf, sf, orders, tables, split, fallback):
                                   tables))
     pendings.append(jnp.zeros((qf.shape[0], placed.size), bool))
   if rest.size:
-    alphas = permuted[placed.size:]
+    alphas = permuted[..., placed.size:]
     where_rest = {int(p): k for k, p in enumerate(rest)}
     groups = tuple(tuple(where_rest[p] for p in g) for g in split.shared)
     usable = jnp.isfinite(alphas) & (alphas >= 1)
     log_j = _log_j_orders(qg, sg_, _where(usable, alphas, 2.0), groups, fallback)
     log_js.append(log_j)
-    pendings.append(generic[:, None] & usable[None, :] & ~jnp.isfinite(log_j))
+    pendings.append(generic[:, None] & usable & ~jnp.isfinite(log_j))
   log_j = jnp.concatenate(log_js, axis=-1) if len(log_js) > 1 else log_js[0]
-  log_a, rdp = _terms(qf[:, None], sf[:, None], permuted[None, :], log_j, pair[2][:, 1:])
+  log_a, rdp = _terms(qf[:, None], sf[:, None], permuted, log_j, pair[2][:, 1:])
   outputs = [log_a, rdp]
   if not fallback:
     pending = jnp.concatenate(pendings, axis=-1) if len(pendings) > 1 else pendings[0]

@@ -24,7 +24,9 @@ from jaxrdp.mechanisms.sampled_gaussian.shared_nodes import (_SHARED_INTERVALS, 
 
 _SHARED_LEVELS = 6   # levels after the first: 129, 257, ..., 4097 nodes
 _LEVEL_NODES = _SHARED_INTERVALS // 2 + 1   # nodes per row and step of _log_j_levels
-_LEVEL_ROWS = 512           # rows per step of _log_j_levels
+_LEVEL_ROWS = 512           # rows per step of _log_j_levels at most
+_LEVEL_SHARE = 4            # and a quarter of the rows (the refinement levels, which few rows
+_LEVEL_COMPACT_FROM = 128   # need, cost a quarter of level 0) from this many rows on
 _LEVEL_BLOCK_ROWS = 8192    # rows per call of _log_j_levels at most (bounds memory)
 
 
@@ -60,7 +62,8 @@ def _log_j_levels(q, sigma, orders):
   the order, and the certificate checks every order's own decay at the window's edges.
 
   One ``lax.while_loop`` does all of it, so the integrand is in the graph once (compile time):
-  each step takes a compacted batch of up to _LEVEL_ROWS of the rows still pending and
+  each step takes a compacted batch of the rows still pending (from _LEVEL_COMPACT_FROM rows
+  on: a quarter of the rows, at most _LEVEL_ROWS; fewer rows all take every step) and
   evaluates 65 nodes per row — the whole of level 0, or one block of 64 midpoints of a refinement level —
   with the order-independent part of the integrand (all its logarithms) once per node
   (:func:`_grid_nodes`) and two exponentials and one expm1 per (node, order)
@@ -73,7 +76,7 @@ def _log_j_levels(q, sigma, orders):
   q, sigma, orders = sg(q), sg(sigma), sg(orders)
   alphas = orders[:, :g]
   lo, h = _shared_span(q, sigma, alphas)
-  cap = min(r, _LEVEL_ROWS)
+  cap = r if r < _LEVEL_COMPACT_FROM else min(_LEVEL_ROWS, -(-r // _LEVEL_SHARE))
   weights = jnp.asarray(_level_weights(), dtype)
   j = np.arange(_LEVEL_NODES).astype(dtype)   # constants (an iota would be a kernel)
   ex = lambda v: v[:, None, None]

@@ -46,7 +46,7 @@ def _shared_tangents(q, sigma, alphas, groups, tangents):
   """(log J, its tangent) (n, m) of the orders of ``groups`` on shared nodes with tangents
   (:func:`_shared_values`), on the grids of :func:`_on_finer_grid_where_open`; +inf (tangent
   0) where even 2049 nodes cannot certify a value, and at every order outside ``groups``."""
-  grouped = np.zeros(alphas.shape[0], bool)
+  grouped = np.zeros(alphas.shape[-1], bool)
   for g in groups:
     grouped[list(g)] = True
   run = lambda intervals: _shared_values(q, sigma, alphas, groups, tangents, intervals)
@@ -81,11 +81,11 @@ def rdp_tangent_at_order(q, sigma, alpha, dq, dsigma):
 
 
 def _shared_values(q, sigma, alphas, groups, tangents=None, intervals=_SHARED_INTERVALS):
-  """log J (n, m) of the orders of ``groups`` (static tuples of positions into ``alphas``, (m,))
-  on shared nodes (:func:`_log_j_levels`), +inf at every other order; with ``tangents`` (of
+  """log J (n, m) of the orders of ``groups`` (static tuples of positions into ``alphas``: (m,),
+  or (n, m) for each pair's own orders) on shared nodes (:func:`_log_j_levels`), +inf at every other order; with ``tangents`` (of
   q, sigma (n,), alphas) values and tangents on one grid of 129 nodes (:func:`_log_j_shared`;
   tangents 0 where not certified)."""
-  n, m = q.shape[0], alphas.shape[0]
+  n, m = q.shape[0], alphas.shape[-1]
   log_j = jnp.full((n, m), jnp.inf, q.dtype)
   if not groups:
     return log_j if tangents is None else (log_j, jnp.zeros_like(log_j))
@@ -93,17 +93,22 @@ def _shared_values(q, sigma, alphas, groups, tangents=None, intervals=_SHARED_IN
   width = max(len(g) for g in groups)
   index = np.array([g + (g[-1],) * (width - len(g)) for g in groups])
   n_groups = len(groups)
-  as_rows = lambda q_, s_, a_: (jnp.repeat(q_, n_groups), jnp.repeat(s_, n_groups),
-                                jnp.tile(a_, (n, 1)))
+  # The orders, shared by every pair (m,) or each pair's own (n, m), as rows (pair, group),
+  # through ``per_group`` (of the orders (..., groups, width)).
+  def as_rows(q_, s_, a_, per_group=lambda v: v):
+    grouped = per_group(a_[..., index])
+    rows = (jnp.tile(grouped, (n, 1)) if a_.ndim == 1
+            else grouped.reshape((n * n_groups,) + grouped.shape[2:]))
+    return jnp.repeat(q_, n_groups), jnp.repeat(s_, n_groups), rows
   if tangents is None:
     blocks = -(-(n * n_groups) // _LEVEL_BLOCK_ROWS)   # equal blocks: little padding
     shared = (_in_row_blocks(lambda xs: _log_j_levels(*xs), -(-(n * n_groups) // blocks),
-                             *as_rows(q, sigma, _order_block(lax.stop_gradient(alphas)[index]))),)
+                             *as_rows(q, sigma, lax.stop_gradient(alphas), _order_block)),)
   else:
     rows = max(1, _SHARED_ELEMENTS // (width * (intervals + 1)))
     shared = _in_row_blocks(lambda xs: _log_j_shared(*xs[:3], xs[3:], intervals), rows,
-                            *as_rows(q, sigma, alphas[index]),
-                            *as_rows(tangents[0], tangents[1], tangents[2][index]))
+                            *as_rows(q, sigma, alphas),
+                            *as_rows(tangents[0], tangents[1], tangents[2]))
   # Each order's column among the rows' (pair, group, slot) values, or the fill column after
   # them: one gather with static indices (a scatter is a sequential loop on CPUs).
   source = np.full(m, n_groups * width)
