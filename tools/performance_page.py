@@ -63,11 +63,11 @@ kept small:
   those cannot certify a value, and 2049 at once for up to 1,024 (pair, order) elements: one
   copy of the kernel in the graph). The search for the order is never differentiated, and the
   per-order quadrature (five times the compile time) is not in a derivative's graph.
-* **The grid in one pass, the refinement in a loop of the same rows**: integer orders are
-  exact sums computed once, outside the refinement's loop; fractional orders share nodes, one
-  row of up to 32 orders per group; each refinement step evaluates as many rows as the grid's
-  fractional orders took (96 orders on the default grid, four steps), so the loop holds one
-  copy of the kernel and runs only those rows. Without refinement there is no loop at all.
+* **One row of shared nodes per step**: integer orders are exact sums computed once, outside
+  the search's loop; fractional orders share nodes, one row of up to 32 orders per group; each
+  step of the loop evaluates one row per phase: the grid's rows first, then five refinement
+  steps of 32 orders, so the loop holds one copy of the kernel and runs only what each step
+  needs. Without refinement there is no loop at all.
 * **`vmap` batches the loops once**: a search loop's state is batched from the start, so
   `jax.vmap` batches its body in one pass and traces the kernels' batching rules once.
 * **Long schedules in static shapes** (more than 64 phases, traced or eager: one program):
