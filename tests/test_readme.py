@@ -1,13 +1,14 @@
 """The README is a front door: short, no development history, links that resolve, and every
-Python block in it runs as written.
+Python block in it runs as written. So does every Python block of docs/getting-started.md, the
+longer tour.
 
-The ```python blocks run in order in ONE child process (``JAX_PLATFORMS=cpu``; a block's
+Each page's ```python blocks run in order in ONE child process (``JAX_PLATFORMS=cpu``; a block's
 ``jax_enable_x64`` stays out of the test process), each in a fresh namespace and with
 ``jax_enable_x64`` reset to its default before it, so that a block which uses a name, an import
-or float64 without setting it up itself fails: every block can be copied alone. One process
-keeps the cost to one JAX start-up; the blocks' own first calls (compilations) are the rest,
-~10-20 s on a 2-core CPU, so README snippets must stay cheap (small step counts, few calls).
-A failure's traceback gives the README's own line numbers.
+or float64 without setting it up itself fails: every block can be copied alone. One process per
+page keeps the cost to one JAX start-up; the blocks' own first calls (compilations) are the rest,
+~10-15 s per page on a 2-core CPU, so the snippets must stay cheap (small step counts, few
+distinct calls). A failure's traceback gives the page's own line numbers.
 """
 
 import json
@@ -18,23 +19,28 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 MAX_LINES = 150
+# The pages whose ```python blocks must run as written.
+TOURS = ["README.md", "docs/getting-started.md"]
 
-# Runs in the child: reads [(first line, code), ...] as JSON on stdin.
+# Runs in the child: reads [page, [(first line, code), ...]] as JSON on stdin.
 _RUNNER = r"""
 import json, sys, time, traceback
 import jax
 
-for first_line, code in json.load(sys.stdin):
+page, blocks = json.load(sys.stdin)
+for first_line, code in blocks:
   jax.config.update("jax_enable_x64", False)     # the default, whatever the last block set
   start = time.perf_counter()
   try:
-    # Padded so that tracebacks point at README.md's own lines.
-    exec(compile("\n" * (first_line - 1) + code, "README.md", "exec"), {"__name__": "__readme__"})
+    # Padded so that tracebacks point at the page's own lines.
+    exec(compile("\n" * (first_line - 1) + code, page, "exec"), {"__name__": "__tour__"})
   except BaseException:
-    print(f"README.md: the python block starting at line {first_line} failed:", file=sys.stderr)
+    print(f"{page}: the python block starting at line {first_line} failed:", file=sys.stderr)
     traceback.print_exc()
     sys.exit(1)
   print(f"block at line {first_line}: {time.perf_counter() - start:.1f} s", flush=True)
@@ -103,14 +109,15 @@ def test_two_commands_match_ci_and_getting_started():
   assert install_and_run in getting_started and install_and_test in getting_started
 
 
-def test_every_python_block_runs():
-  blocks = _fenced_blocks(_text(), "python")
-  assert blocks, "README.md has no ```python block"
+@pytest.mark.parametrize("page", TOURS)
+def test_every_python_block_runs(page):
+  blocks = _fenced_blocks((ROOT / page).read_text(encoding="utf-8"), "python")
+  assert blocks, f"{page} has no ```python block"
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   env.pop("JAX_ENABLE_X64", None)
   start = time.perf_counter()
-  proc = subprocess.run([sys.executable, "-c", _RUNNER], input=json.dumps(blocks), cwd=ROOT,
-                        env=env, capture_output=True, text=True, timeout=600)
-  print(f"\nREADME python blocks: {time.perf_counter() - start:.1f} s\n{proc.stdout}")
+  proc = subprocess.run([sys.executable, "-c", _RUNNER], input=json.dumps([page, blocks]),
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  print(f"\n{page} python blocks: {time.perf_counter() - start:.1f} s\n{proc.stdout}")
   assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
   assert proc.stdout.count("block at line") == len(blocks), proc.stdout

@@ -1,4 +1,4 @@
-"""float32 vs float64 log A on random points of the parameter box (reproduces README figures).
+"""float32 vs float64 log A on random points of the parameter box (the figures in docs/trust.md).
 
 Run:  PYTHONPATH=. python tools/float32_stress.py [--points 20000] [--seed 11]
 
