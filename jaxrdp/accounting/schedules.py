@@ -27,6 +27,7 @@ target (within 1e-10 relative of it), and that ε is returned with it.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable, NamedTuple
 
@@ -34,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrdp._internal import compilation
 from jaxrdp._internal import deprecation
 from jaxrdp._internal import validation
 from jaxrdp.accounting.dpsgd import dpsgd_epsilon_unchecked, order_grid, schedule_phases
@@ -131,7 +133,7 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
                      "steps = 0): there is nothing to optimise.")
   dtype = q.dtype
   grid = order_grid(orders, dtype)
-  delta = jnp.asarray(delta, dtype)
+  delta = validation.to_device(delta, dtype)   # strongly typed, as dpsgd_epsilon passes it
   log_target = jnp.log(jnp.asarray(target_epsilon, dtype))
   import optax   # here, not at import: an accounting query does not pay for importing optax
   optimizer = optax.adam(0.05) if optimizer is None else optimizer
@@ -265,10 +267,25 @@ def epsilon_trajectory(sampling_rate: jax.typing.ArrayLike, noise_multiplier: ja
                                 orders=grid),
       validation.domain_mask("steps", at_steps))
   at = jnp.asarray(at_steps, q.dtype).reshape(-1)   # any shape: flat here, reshaped at the end
+  delta = validation.to_device(delta, q.dtype)
+  if validation.is_concrete(grid):   # one compiled program, the grid a constant of it
+    eps = _trajectory(q, sigma, t, delta, at, orders=tuple(grid.tolist()))
+  else:
+    eps = _trajectory_of(q, sigma, t, delta, at, grid)
+  return validation.nan_where_invalid(valid, eps.reshape(jnp.shape(at_steps)))
+
+
+def _trajectory_of(q, sigma, t, delta, at, grid):
+  """ε after each of ``at`` steps: every prefix is a schedule of the same phases, so
+  dpsgd_epsilon's own search batched over the prefixes (its vmap flattens the prefixes'
+  phases into one kernel call)."""
   starts = jnp.cumsum(t) - t
   prefix = jnp.clip(at[:, None] - starts[None, :], 0.0, t[None, :])
-  # Every prefix is a schedule of the same phases: dpsgd_epsilon's own search, batched over
-  # the prefixes (one program; its vmap flattens the prefixes' phases into one kernel call).
-  delta = jnp.asarray(delta, q.dtype)
-  eps = jax.vmap(lambda tt: dpsgd_epsilon_unchecked(q, sigma, tt, delta, grid, True))(prefix)
-  return validation.nan_where_invalid(valid, eps.reshape(jnp.shape(at_steps)))
+  return jax.vmap(lambda tt: dpsgd_epsilon_unchecked(q, sigma, tt, delta, grid, True))(prefix)
+
+
+@functools.partial(compilation.jit, static_argnames=("orders",))
+def _trajectory(q, sigma, t, delta, at, orders):
+  """:func:`_trajectory_of` on the concrete grid ``orders`` (a tuple: static), compiled as one
+  program (eagerly, vmap would otherwise run the search's steps one operation at a time)."""
+  return _trajectory_of(q, sigma, t, delta, at, np.asarray(orders, q.dtype))
