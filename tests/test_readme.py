@@ -2,15 +2,17 @@
 Python block in it runs as written. So does every Python block of docs/getting-started.md, the
 longer tour.
 
-Each page's ```python blocks run in order in ONE child process (``JAX_PLATFORMS=cpu``; a block's
+The pages' ```python blocks run in order in ONE child process (``JAX_PLATFORMS=cpu``; a block's
 ``jax_enable_x64`` stays out of the test process), each in a fresh namespace and with
 ``jax_enable_x64`` reset to its default before it, so that a block which uses a name, an import
-or float64 without setting it up itself fails: every block can be copied alone. One process per
-page keeps the cost to one JAX start-up; the blocks' own first calls (compilations) are the rest,
-~10-15 s per page on a 2-core CPU, so the snippets must stay cheap (small step counts, few
-distinct calls). A failure's traceback gives the page's own line numbers.
+or float64 without setting it up itself fails: every block can be copied alone. One process for
+all the pages keeps the cost to one JAX start-up (and the compilations the pages share); the
+blocks' own first calls (compilations) are the rest, ~15 s on a 2-core CPU, so the snippets
+must stay cheap (small step counts, few distinct calls). A failure's traceback gives the
+page's own line numbers.
 """
 
+import functools
 import json
 import os
 import pathlib
@@ -27,23 +29,29 @@ MAX_LINES = 150
 # The pages whose ```python blocks must run as written.
 TOURS = ["README.md", "docs/getting-started.md"]
 
-# Runs in the child: reads [page, [(first line, code), ...]] as JSON on stdin.
+# Runs in the child: reads [[page, [(first line, code), ...]], ...] as JSON on stdin; prints
+# each block's time, a failing block's traceback, and last a JSON line {page: passed}. A
+# page stops at its first failing block; the next page still runs.
 _RUNNER = r"""
 import json, sys, time, traceback
 import jax
 
-page, blocks = json.load(sys.stdin)
-for first_line, code in blocks:
-  jax.config.update("jax_enable_x64", False)     # the default, whatever the last block set
-  start = time.perf_counter()
-  try:
-    # Padded so that tracebacks point at the page's own lines.
-    exec(compile("\n" * (first_line - 1) + code, page, "exec"), {"__name__": "__tour__"})
-  except BaseException:
-    print(f"{page}: the python block starting at line {first_line} failed:", file=sys.stderr)
-    traceback.print_exc()
-    sys.exit(1)
-  print(f"block at line {first_line}: {time.perf_counter() - start:.1f} s", flush=True)
+passed = {}
+for page, blocks in json.load(sys.stdin):
+  passed[page] = True
+  for first_line, code in blocks:
+    jax.config.update("jax_enable_x64", False)     # the default, whatever the last block set
+    start = time.perf_counter()
+    try:
+      # Padded so that tracebacks point at the page's own lines.
+      exec(compile("\n" * (first_line - 1) + code, page, "exec"), {"__name__": "__tour__"})
+    except BaseException:
+      print(f"{page}: the python block starting at line {first_line} failed:", flush=True)
+      traceback.print_exc(file=sys.stdout)
+      passed[page] = False
+      break
+    print(f"{page}: block at line {first_line}: {time.perf_counter() - start:.1f} s", flush=True)
+print(json.dumps(passed))
 """
 
 # Development history has no place in a user's README (STYLE.md): dates, sessions, work items.
@@ -109,15 +117,27 @@ def test_two_commands_match_ci_and_getting_started():
   assert install_and_run in getting_started and install_and_test in getting_started
 
 
-@pytest.mark.parametrize("page", TOURS)
-def test_every_python_block_runs(page):
-  blocks = _fenced_blocks((ROOT / page).read_text(encoding="utf-8"), "python")
-  assert blocks, f"{page} has no ```python block"
+@functools.lru_cache(maxsize=None)
+def _run_tours():
+  """(passed per page, the child's output): every page's blocks in one child process, so that
+  the pages share one JAX start-up and the compilations of the calls they have in common."""
+  tours = [[page, _fenced_blocks((ROOT / page).read_text(encoding="utf-8"), "python")]
+           for page in TOURS]
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   env.pop("JAX_ENABLE_X64", None)
   start = time.perf_counter()
-  proc = subprocess.run([sys.executable, "-c", _RUNNER], input=json.dumps([page, blocks]),
+  proc = subprocess.run([sys.executable, "-c", _RUNNER], input=json.dumps(tours),
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-  print(f"\n{page} python blocks: {time.perf_counter() - start:.1f} s\n{proc.stdout}")
-  assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
-  assert proc.stdout.count("block at line") == len(blocks), proc.stdout
+  output = f"python blocks: {time.perf_counter() - start:.1f} s\n{proc.stdout}\n{proc.stderr}"
+  lines = proc.stdout.strip().splitlines()
+  passed = json.loads(lines[-1]) if proc.returncode == 0 and lines else {}
+  return passed, output, {page: len(blocks) for page, blocks in tours}
+
+
+@pytest.mark.parametrize("page", TOURS)
+def test_every_python_block_runs(page):
+  passed, output, counts = _run_tours()
+  print(output)
+  assert counts[page], f"{page} has no ```python block"
+  assert passed.get(page), output
+  assert output.count(f"{page}: block at line") == counts[page], output
