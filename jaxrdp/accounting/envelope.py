@@ -75,8 +75,12 @@ def _epsilon_gradient(best, q, sigma, t, delta, wanted=(True,) * 4):
   one, zero = jnp.ones_like(q), jnp.zeros_like(q)
   directions = [d for d, w in zip(((one, zero), (zero, one)), wanted[:2]) if w] or [(zero, zero)]
   stack = lambda v: jnp.concatenate([v] * len(directions))
-  rdp, d_rdp, certified = sampled_gaussian.rdp_tangent_at_order(
-      stack(q), stack(sigma), alpha, *(jnp.concatenate(d) for d in zip(*directions)))
+  if len(directions) == 2:
+    tangent = [jnp.concatenate(d) for d in zip(*directions)]
+  else:   # one direction (or none): the other is not differentiated at all
+    tangent = [None if not wanted[i] else one for i in range(2)]
+  rdp, d_rdp, certified = sampled_gaussian.rdp_tangent_at_order(stack(q), stack(sigma), alpha,
+                                                                *tangent)
   rdp, d_rdp = rdp[:n], iter(d_rdp.reshape(len(directions), n))
   d_q, d_sigma = (next(d_rdp) if w else zero for w in wanted[:2])
   total = jnp.sum(jnp.where(t == 0, 0.0, t * rdp))

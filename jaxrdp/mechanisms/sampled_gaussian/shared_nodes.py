@@ -191,7 +191,9 @@ def _log_j_shared(q, sigma, alphas, tangents, intervals=_SHARED_INTERVALS):
   (:func:`_shared_span`); +inf (tangent 0) where a value cannot be certified. The tangent (of
   q, sigma, alphas given by ``tangents``) is the quadrature of the integrand's derivative on
   the same nodes, in the same pass (window, reference power and scale held fixed, as in the
-  per-order kernel: they decide where and relative to what to sum, not the value). The
+  per-order kernel: they decide where and relative to what to sum, not the value). A tangent
+  given as None is zero: that argument is not differentiated at all (XLA does not drop
+  products with a tangent of zeros: the graph and its compile time would hold them). The
   values alone take :func:`_log_j_levels`, which refines instead."""
   r, g = alphas.shape
   dtype = q.dtype
@@ -219,7 +221,20 @@ def _log_j_shared(q, sigma, alphas, tangents, intervals=_SHARED_INTERVALS):
              + _reference_constant(m_ref[..., 0], s_[:, None]))
     return log_j, values
 
-  log_j, d_log_j, values = jax.jvp(log_j_of, (q, sigma, alphas), tuple(tangents), has_aux=True)
+  primals = (q, sigma, alphas)
+  moving = [i for i, d in enumerate(tangents) if d is not None]
+
+  def of_moving(*args):   # log_j_of of the arguments with a tangent, the others held
+    full = list(primals)
+    for i, v in zip(moving, args):
+      full[i] = v
+    return log_j_of(*full)
+  if moving:
+    log_j, d_log_j, values = jax.jvp(of_moving, tuple(primals[i] for i in moving),
+                                     tuple(tangents[i] for i in moving), has_aux=True)
+  else:
+    log_j, values = log_j_of(*primals)
+    d_log_j = jnp.zeros_like(log_j)
   log_j = log_j + const
   shift = _reference_constant(m_ref[..., 0], sigma[:, None])
   base = const - jnp.log(sigma)[:, None]   # the rules' sums are relative to the shift

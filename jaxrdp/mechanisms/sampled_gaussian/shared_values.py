@@ -64,19 +64,29 @@ def rdp_tangent_at_order(q, sigma, alpha, dq, dsigma):
   :func:`_log_j_shared`), on the grids of :func:`_on_finer_grid_where_open`; ``certified`` is
   false where those could not certify the value (then +inf, tangent 0: a caller reports NaN).
   Integer and fractional orders alike, so that the graph holds one small kernel whatever the
-  order turns out to be (the per-order kernel's derivative is ~5x its compile time)."""
+  order turns out to be (the per-order kernel's derivative is ~5x its compile time).
+  ``dq`` or ``dsigma`` None: that direction is zero and not differentiated."""
   alpha = jnp.broadcast_to(jnp.asarray(alpha, q.dtype), q.shape)
   generic, q_g, s_g, a_g = _generic(q, sigma, alpha)
   zero = jnp.zeros_like(q)
-  tangents = (_where(generic, dq, zero), _where(generic, dsigma, zero), zero[:, None])
+  # A direction given as None is zero: not differentiated (nor the order, held fixed).
+  tangents = tuple(None if d is None else _where(generic, d, zero) for d in (dq, dsigma)) + (None,)
 
   def run(intervals):   # one row per pair, with its own order
     log_j, d_log_j = _log_j_shared(q_g, s_g, a_g[:, None], tangents, intervals)
     return log_j[:, 0], d_log_j[:, 0]
   log_j, d_log_j = _on_finer_grid_where_open(run, lambda v: generic & ~jnp.isfinite(v),
                                              q.shape[0])
-  rdp, d_rdp = jax.jvp(lambda q_, s_, l_: _terms(q_, s_, alpha, l_)[1], (q, sigma, log_j),
-                       (dq, dsigma, d_log_j))
+  # The special cases around the kernel, differentiated along the directions given only.
+  primals, dots = (q, sigma, log_j), (dq, dsigma, d_log_j)
+  moving = [i for i, d in enumerate(dots) if d is not None]
+
+  def rdp_of(*args):
+    full = list(primals)
+    for i, v in zip(moving, args):
+      full[i] = v
+    return _terms(full[0], full[1], alpha, full[2])[1]
+  rdp, d_rdp = jax.jvp(rdp_of, tuple(primals[i] for i in moving), tuple(dots[i] for i in moving))
   return rdp, d_rdp, ~generic | jnp.isfinite(log_j)
 
 
