@@ -27,7 +27,7 @@ shrinks: 5.8 % at ε = 4, 8.3 % at ε = 0.5.
 The PLD accountant computes in float64, so the script switches on ``jax_enable_x64`` (the
 library never does); the model's parameters and data stay float32.
 
-Run from the repository root after ``pip install -e ".[examples]"`` (scikit-learn, tqdm,
+Run from the repository root after ``pip install -e ".[examples]"`` (tqdm,
 matplotlib for ``--plot``)::
 
   python examples/train_dpsgd_pld.py

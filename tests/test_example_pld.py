@@ -1,5 +1,5 @@
 """Smoke run of examples/train_dpsgd_pld.py at a tiny size (1 epoch of 3 steps, a 4-point curve;
-needs scikit-learn and tqdm, and matplotlib for the plot): σ calibrated by the PLD accountant is
+needs tqdm, and matplotlib for the plot): σ calibrated by the PLD accountant is
 below σ by RDP at the same (ε, δ), and each run meets the target by its own accountant."""
 
 import importlib.util

@@ -1,4 +1,4 @@
-"""Smoke run of examples/train_dpsgd.py at a tiny size (1 epoch of 3 steps; needs scikit-learn and tqdm)."""
+"""Smoke run of examples/train_dpsgd.py at a tiny size (1 epoch of 3 steps; needs tqdm)."""
 
 import importlib.util
 import math
