@@ -26,7 +26,7 @@ _SHARED_LEVELS = 6   # levels after the first: 129, 257, ..., 4097 nodes
 _LEVEL_NODES = _SHARED_INTERVALS // 2 + 1   # nodes per row and step of _log_j_levels
 _LEVEL_ROWS = 512           # rows per step of _log_j_levels at most
 _LEVEL_SHARE = 4            # and a quarter of the rows (the refinement levels, which few rows
-_LEVEL_COMPACT_FROM = 128   # need, cost a quarter of level 0) from this many rows on
+_LEVEL_COMPACT_FROM = 64   # need, cost a quarter of level 0) from this many rows on
 _LEVEL_BLOCK_ROWS = 8192    # rows per call of _log_j_levels at most (bounds memory)
 
 
