@@ -16,8 +16,8 @@ and returns a schedule whose ε is at most the budget.
 
 Run:  python examples/optimize_schedule.py [--out schedule.png] [--iterations 150]
 
-About 25 s on a laptop CPU with the defaults, most of it compiling the first iteration and
-the plot's ε curves; it prints a line per stage and every 30 iterations.
+About 11 s (15 s of CPU) on a laptop CPU with the defaults, most of it compiling the first
+iteration and the plot's ε curves; it prints a line per stage and every 30 iterations.
 """
 
 from __future__ import annotations
