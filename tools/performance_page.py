@@ -484,6 +484,10 @@ def render(results: pathlib.Path = RESULTS) -> str:
       if record["benchmark"] in RENDER:
         device = record["machine"].get("device_kind", "GPU")
         parts.append(_section(f"### {GPU_TITLES[record['benchmark']]} on {device}", record))
+  else:
+    parts.append("## GPU\n\nNo GPU run of the current code is recorded: `bash "
+                 "benchmarks/run_gpu.sh` on a machine with a GPU writes "
+                 "`benchmarks/results/gpu/*.json`, and this page then shows its figures.\n")
   parts.append(DISPATCH)
   return "\n".join(parts)
 
