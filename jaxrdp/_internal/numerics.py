@@ -8,7 +8,9 @@ by the first omitted term, is below 1e-19 relative) and the direct formula elsew
 uses the double-where trick, so neither branch produces NaN values or NaN gradients.
 
 Also the quadratures' shared building blocks (one copy for every mechanism): :func:`select`
-(``where`` as one ``lax.select``), :func:`exp_floor` and a lean :func:`logsumexp`.
+(``where`` as one ``lax.select``), :func:`exp_floor` and a lean :func:`logsumexp`; and float64
+:func:`log`, :func:`sincos` and :func:`atan2` as polynomials that vectorise (the PLD's
+spectra and masses).
 """
 
 from __future__ import annotations
@@ -29,6 +31,94 @@ _EXPREL_COEFFS = tuple(1.0 / math.factorial(k + 2) for k in range(20))
 # sinh(u)/u = sum_k u^(2k)/(2k+1)!, |u| <= 1: first omitted term 1/21! < 2e-20.
 _SINHC_CUT = 1.0
 _SINHC_COEFFS = tuple(1.0 / math.factorial(2 * k + 1) for k in range(10))
+
+
+# pi/2 in three pieces of 24 significant bits and the rest (Cody and Waite 1980): j * piece is
+# exact for |j| < 2^29, so x - j pi/2 loses nothing to cancellation for |x| < 8e8.
+_HALF_PI = (float.fromhex("0x1.921fb4p+0"), float.fromhex("0x1.4442d0p-24"),
+            float.fromhex("0x1.846988p-48"), float.fromhex("0x1.8cc51701b839ap-72"))
+# sin r / r = sum_k (-r^2)^k/(2k+1)!, cos r = sum_k (-r^2)^k/(2k)!, |r| <= pi/4: the first
+# omitted terms (r^19/19!, r^20/20!) are below 1e-19.
+_SIN_COEFFS = tuple((-1) ** k / math.factorial(2 * k + 1) for k in range(9))
+_COS_COEFFS = tuple((-1) ** k / math.factorial(2 * k) for k in range(10))
+# atan w / w = sum_k (-w^2)^k/(2k+1), |w| <= tan(pi/16) < 0.2: first omitted term < 2e-19.
+_ATAN_COEFFS = tuple((-1) ** k / (2 * k + 1) for k in range(13))
+
+
+# log 2 in two pieces, the first of 42 bits: e * piece is exact for every float64 exponent e.
+_LN2 = (float.fromhex("0x1.62e42fefa38p-1"), float.fromhex("0x1.ef35793c7673p-45"))
+# log m = 2 atanh s = 2 sum_k s^(2k+1)/(2k+1), s = (m - 1)/(m + 1), |s| <= 0.172 for m in
+# [sqrt(1/2), sqrt(2)]: first omitted term 2 * 0.172^25/25 < 6e-21.
+_LOG_COEFFS = tuple(1.0 / (2 * k + 1) for k in range(12))
+_TINY = float(np.finfo(np.float64).tiny)
+
+
+@jax.custom_jvp
+def log(x: jax.Array) -> jax.Array:
+  """log x of float64 x (−inf at 0, NaN below), to within 4 ulps (measured against mpmath,
+  ``tests/test_numerics.py``), as arithmetic that XLA vectorises: ~1 ns per element against
+  ~4–5 ns for XLA's own float64 log on CPUs. x = 2^e m with m in [√½, √2) (read from the bits;
+  subnormals scaled by 2^54 first), log x = e log 2 + 2 atanh((m − 1)/(m + 1)), log 2 in two
+  pieces (:data:`_LN2`). Derivative 1/x."""
+  subnormal = x < _TINY
+  scaled = jnp.where(subnormal, x * 2.0 ** 54, x)
+  bits = lax.bitcast_convert_type(scaled, jnp.int64)
+  exponent = (bits >> 52) - jnp.where(subnormal, 1023 + 54, 1023)
+  mantissa = lax.bitcast_convert_type((bits & ((1 << 52) - 1)) | (1023 << 52), jnp.float64)
+  high = mantissa > math.sqrt(2)
+  mantissa = jnp.where(high, 0.5 * mantissa, mantissa)
+  e = (exponent + high).astype(jnp.float64)
+  s = (mantissa - 1) / (mantissa + 1)
+  value = e * _LN2[0] + (2 * s * horner(s * s, _LOG_COEFFS) + e * _LN2[1])
+  value = jnp.where(x == jnp.inf, jnp.inf, value)
+  return jnp.where(x > 0, value, jnp.where(x == 0, -jnp.inf, jnp.nan))
+
+
+@log.defjvp
+def _log_jvp(primals, tangents):
+  (x,), (dx,) = primals, tangents
+  return log(x), dx / x
+
+
+def sincos(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(sin x, cos x) of float64 x, to within 2.1e-16 absolute (measured against mpmath for |x|
+  up to 1e7, ``tests/test_numerics.py``), as arithmetic that XLA vectorises: its own float64
+  sin and cos run element by element on CPUs (~9 ns each against ~1.5 ns for both here).
+  Reduction r = x − j·π/2, |r| ≤ π/4, with π/2 in pieces (:data:`_HALF_PI`), then the Taylor
+  polynomials of sin and cos in r, placed by j mod 4. Beyond |x| = 8e8 the reduction's error
+  grows as u·|x|, the size of x's own rounding."""
+  j = jnp.round(x * (2 / math.pi))
+  r = x
+  for piece in _HALF_PI:
+    r = r - j * piece
+  r2 = r * r
+  s, c = r * horner(r2, _SIN_COEFFS), horner(r2, _COS_COEFFS)
+  quadrant = jnp.mod(j, 4.0)
+  swap = (quadrant == 1) | (quadrant == 3)
+  sin = jnp.where(swap, c, s)
+  cos = jnp.where(swap, s, c)
+  return (jnp.where(quadrant >= 2, -sin, sin),
+          jnp.where((quadrant == 1) | (quadrant == 2), -cos, cos))
+
+
+def atan2(y: jax.Array, x: jax.Array) -> jax.Array:
+  """The angle of (x, y) in [−π, π] for finite float64 x, y (0 at the origin; −0 counts as 0, so
+  (−0, x < 0) gives π), to within 4.5e-16 absolute (measured against mpmath,
+  ``tests/test_numerics.py``), as arithmetic that XLA vectorises (its float64 atan2 runs element
+  by element on CPUs, ~13 ns against ~3 ns here). The octant reduces to a = min/max of |x|, |y|
+  in [0, 1]; above tan(π/8), atan a = π/4 + atan((a − 1)/(a + 1)); then the half angle,
+  atan z = 2 atan(z/(1 + √(1 + z²))), leaves |w| ≤ tan(π/16) for the Taylor polynomial."""
+  ax, ay = jnp.abs(x), jnp.abs(y)
+  top, low = jnp.maximum(ax, ay), jnp.minimum(ax, ay)
+  a = low / jnp.where(top > 0, top, 1.0)
+  upper = a > math.sqrt(2) - 1
+  z = jnp.where(upper, (a - 1) / (a + 1), a)
+  w = z / (1 + jnp.sqrt(1 + z * z))
+  angle = 2 * w * horner(w * w, _ATAN_COEFFS)
+  angle = jnp.where(upper, math.pi / 4 + angle, angle)
+  angle = jnp.where(ay > ax, math.pi / 2 - angle, angle)
+  angle = jnp.where(x < 0, math.pi - angle, angle)
+  return jnp.where(y < 0, -angle, angle)
 
 
 def log1p(x: jax.Array) -> jax.Array:

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxrdp._internal import compilation
+from jaxrdp._internal import numerics
 from jaxrdp.accounting.pld.convolution import _composed
 from jaxrdp.accounting.pld.discretisation import _READ_BLOCK, _U
 
@@ -26,7 +27,7 @@ def _delta_of(first, log_mass, p_inf, eps, interval):
   losses = (first[:, None] + jnp.arange(n)) * interval
   above = losses > eps
   gap = jnp.where(above, eps - losses, -1.0)
-  terms = jnp.where(above, log_mass + jnp.log(-jnp.expm1(gap)), -jnp.inf)
+  terms = jnp.where(above, log_mass + numerics.log(-jnp.expm1(gap)), -jnp.inf)
   return p_inf + jnp.exp(jax.nn.logsumexp(terms, axis=-1) + (2 * n + 16) * _U)
 
 
@@ -35,6 +36,16 @@ def _suffix(log_terms):
   tail = lax.cumlogsumexp(log_terms, axis=log_terms.ndim - 1, reverse=True)
   pad = [(0, 0)] * (log_terms.ndim - 1) + [(0, 1)]
   return jnp.pad(tail[..., 1:], pad, constant_values=-jnp.inf)
+
+
+def _block_logsumexp(x):
+  """log Σ e^x over the last axis; −inf, with a zero derivative (no NaN), where every term is
+  −inf."""
+  top = lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True))
+  top = jnp.where(jnp.isfinite(top), top, 0.0)
+  total = jnp.sum(jnp.exp(x - top), axis=-1)
+  held = total > 0
+  return jnp.where(held, jnp.log(jnp.where(held, total, 1.0)) + top[..., 0], -jnp.inf)
 
 
 def _delta_at(p_inf, log_s0, log_s1, losses):
@@ -61,29 +72,36 @@ def _epsilon_of(first, log_mass, p_inf, delta, interval):
   no rounding can move it below l_{k−1}."""
   d, n = log_mass.shape
   nb = n // _READ_BLOCK
-  index = jnp.arange(n)
-  losses = (first[:, None] + index) * interval                        # (d, n)
+  losses = (first[:, None] + jnp.arange(n)) * interval                # (d, n)
   margin = (2 * n + 16) * _U
-  log_mass_0 = lax.stop_gradient(log_mass)
   p_inf_0 = lax.stop_gradient(p_inf)
-  pair = jnp.stack([log_mass_0 + margin, log_mass_0 - losses - margin])   # (S₀|S₁, d, n)
-  blocks = pair.reshape(2, d, nb, _READ_BLOCK)
-  after = _suffix(jax.nn.logsumexp(blocks, axis=-1))                # (2, d, nb)
+  # The terms of S₀ and of S₁ in blocks (d, nb, B), each apart (a stacked pair is copied
+  # whole, once per consumer), and each block's sum: read once, for the search and for the
+  # sums at the point found.
+  blocks = [v.reshape(d, nb, _READ_BLOCK) for v in (log_mass + margin, log_mass - losses - margin)]
+  block_sums = [_block_logsumexp(b) for b in blocks]                 # (d, nb) each
+  after = [_suffix(lax.stop_gradient(v)) for v in block_sums]
   # δ at each block's last point; the first block whose last point meets δ holds the crossing.
   last = losses[:, _READ_BLOCK - 1::_READ_BLOCK]
   block = jnp.argmax(_delta_at(p_inf_0[:, None], after[0], after[1], last) <= delta, axis=-1)
-  inside = jnp.take_along_axis(blocks, block[None, :, None, None], axis=2)[:, :, 0]  # (2, d, B)
-  beyond = jnp.take_along_axis(after, block[None, :, None], axis=2)                  # (2, d, 1)
-  suffix = jnp.logaddexp(_suffix(inside), beyond)                   # S(k + 1) inside the block
+  inside = [jnp.take_along_axis(b, block[:, None, None], axis=1)[:, 0] for b in blocks]  # (d, B)
+  # S(k + 1) inside that block: its own suffix and the blocks beyond it.
+  suffix = [jnp.logaddexp(_suffix(lax.stop_gradient(i)), jnp.take_along_axis(a, block[:, None], axis=1))
+            for i, a in zip(inside, after)]
   k_all = block[:, None] * _READ_BLOCK + jnp.arange(_READ_BLOCK)
   met = _delta_at(p_inf_0[:, None], suffix[0], suffix[1],
                   jnp.take_along_axis(losses, k_all, axis=1)) <= delta
-  k = block * _READ_BLOCK + jnp.argmax(met, axis=-1)
+  local = jnp.argmax(met, axis=-1)
+  k = block * _READ_BLOCK + local
   found = jnp.any(met, axis=-1)
-  # The bins k, k + 1, ... are those above ε ∈ (l_{k−1}, l_k]: ε in closed form there.
-  mask = index >= k[:, None]
-  log_s0 = jax.nn.logsumexp(jnp.where(mask, log_mass, -jnp.inf), axis=-1) + margin
-  log_s1 = jax.nn.logsumexp(jnp.where(mask, log_mass - losses, -jnp.inf), axis=-1) - margin
+  # The bins k, k + 1, ... are those above ε ∈ (l_{k−1}, l_k]: ε in closed form there, with
+  # S₀(k) and S₁(k) (differentiable) from the block's points from k on and the later blocks.
+  from_k = jnp.arange(_READ_BLOCK) >= local[:, None]
+  later = jnp.arange(nb) > block[:, None]
+  log_s0, log_s1 = (
+      jax.nn.logsumexp(jnp.concatenate([jnp.where(from_k, i, -jnp.inf),
+                                        jnp.where(later, v, -jnp.inf)], axis=-1), axis=-1)
+      for i, v in zip(inside, block_sums))
   numerator = p_inf + jnp.exp(log_s0) - delta
   ok = found & (numerator > 0) & (log_s1 > -jnp.inf)
   at_k = (first + k) * interval
