@@ -238,3 +238,29 @@ def test_dpsgd_epsilon_under_jit_of_vmap_over_steps_equals_eager_calls():
     batched = jax.jit(jax.vmap(lambda t: jaxrdp.dpsgd_epsilon(0.0445, 2.9, t, 1e-5)))(steps)
     eager = [float(jaxrdp.dpsgd_epsilon(0.0445, 2.9, float(t), 1e-5)) for t in steps]
     np.testing.assert_allclose(np.asarray(batched), eager, rtol=1e-10)
+
+
+@pytest.mark.parametrize("kind", ["decaying", "mixed_q", "small_sigma", "large_q"])
+def test_long_schedules_windows_reach_the_full_search(kind, monkeypatch):
+  # The refined ε of a long schedule (three windows of 8 orders, placed by a stand-in schedule
+  # and a model of log R) against the full grid search with its own refinement: within 1e-9
+  # (measured: within 1e-14 on 42 random schedules of these kinds), and never above the
+  # grid's minimum. "mixed_q" (q and σ independent) misplaces the first window by several
+  # grid orders (the windows walk), "small_sigma" has R growing as e^(α/σ²).
+  rng = np.random.default_rng(11)
+  n = 150
+  q, sigma = {
+      "decaying": (np.full(n, 0.004), np.linspace(2.0, 0.7, n)),
+      "mixed_q": (np.exp(rng.uniform(np.log(1e-3), np.log(0.05), n)), rng.uniform(0.7, 2.0, n)),
+      "small_sigma": (np.full(n, 1e-4), rng.uniform(0.4, 0.8, n)),
+      "large_q": (rng.uniform(0.2, 1.0, n), rng.uniform(5, 50, n)),
+  }[kind]
+  t = rng.integers(1, 50, n).astype(float)
+  grid = np.asarray(jaxrdp.DEFAULT_ORDERS)
+  delta = np.asarray(1e-7)
+  windowed = float(accounting._concrete_epsilon(q, sigma, t, delta, grid, True)[0])
+  grid_min = float(accounting._concrete_epsilon(q, sigma, t, delta, grid, False)[0])
+  monkeypatch.setattr(epsilon, "_BINNED_PHASES", np.inf)
+  whole = float(accounting._concrete_epsilon(q, sigma, t, delta, grid, True)[0])
+  assert windowed == pytest.approx(whole, rel=1e-9, abs=0)
+  assert windowed <= grid_min

@@ -21,7 +21,8 @@ from jaxrdp.mechanisms.sampled_gaussian.shared_nodes import (_SHARED_INTERVALS, 
                                                              _order_block)
 from jaxrdp.mechanisms.sampled_gaussian.terms import _generic, _terms
 
-_SHARED_ELEMENTS = 1 << 20   # (row, order, node) elements per step (bounds memory)
+_SHARED_ELEMENTS = 1 << 16   # (row, order, node) elements per block of the tangents' rows:
+                             # their intermediates stay in the caches (2x faster at 10^4 rows)
 
 
 _TANGENT_INTERVALS = (_SHARED_INTERVALS, 16 * _SHARED_INTERVALS)   # grids of _shared_tangents
@@ -72,9 +73,16 @@ def rdp_tangent_at_order(q, sigma, alpha, dq, dsigma):
   # A direction given as None is zero: not differentiated (nor the order, held fixed).
   tangents = tuple(None if d is None else _where(generic, d, zero) for d in (dq, dsigma)) + (None,)
 
-  def run(intervals):   # one row per pair, with its own order
-    log_j, d_log_j = _log_j_shared(q_g, s_g, a_g[:, None], tangents, intervals)
-    return log_j[:, 0], d_log_j[:, 0]
+  def run(intervals):   # one row per pair, with its own order, in blocks of rows
+    moving = [i for i, d in enumerate(tangents) if d is not None]
+    def block(xs):
+      d = [None] * 3
+      for i, v in zip(moving, xs[3:]):
+        d[i] = v
+      log_j, d_log_j = _log_j_shared(xs[0], xs[1], xs[2][:, None], tuple(d), intervals)
+      return log_j[:, 0], d_log_j[:, 0]
+    rows = max(1, _SHARED_ELEMENTS // (intervals + 1))
+    return _in_row_blocks(block, rows, q_g, s_g, a_g, *(tangents[i] for i in moving))
   log_j, d_log_j = _on_finer_grid_where_open(run, lambda v: generic & ~jnp.isfinite(v),
                                              q.shape[0])
   # The special cases around the kernel, differentiated along the directions given only.
