@@ -68,3 +68,24 @@ def test_gradients_match_mpmath(log_a_reference):
   assert np.all(np.isfinite(dq)) and np.all(np.isfinite(ds))
   assert _rel(dq, r["dlog_a_dq"])[inside].max() <= GRAD_RTOL
   assert _rel(ds, r["dlog_a_dsigma"])[inside].max() <= GRAD_RTOL
+
+
+def test_envelope_tangents_match_mpmath_on_both_grids(log_a_reference):
+  # rdp_tangent_at_order (the envelope gradient's derivative at the optimal order): up to
+  # _FINE_ONLY pairs on one 2049-node grid, more on the nested grids with the derivative in the
+  # same pass (the pairs tiled past _FINE_ONLY). Both against the mpmath derivatives, where the
+  # value is certified (every point with α ≤ 64 here).
+  from jaxrdp.mechanisms.sampled_gaussian import rdp_tangent_at_order, shared_values
+  r = log_a_reference
+  inside = (r["q"] > 0) & (r["q"] < 1) & (r["alpha"] <= 64)
+  q, s, a = (r[k][inside] for k in ("q", "sigma", "alpha"))
+  for copies in (1, -(-(shared_values._FINE_ONLY + 1) // q.size)):
+    qq, ss, aa = (np.tile(v, copies) for v in (q, s, a))
+    assert (qq.size > shared_values._FINE_ONLY) == (copies > 1)
+    one = jnp.ones(qq.size)
+    for name, dq, ds in (("dlog_a_dq", one, None), ("dlog_a_dsigma", None, one)):
+      # Each pair at its own order (the order broadcasts against the pairs).
+      rdp, d_rdp, certified = jax.jit(rdp_tangent_at_order)(qq, ss, aa, dq, ds)
+      assert np.all(np.asarray(certified))
+      ref = np.tile(r[name][inside], copies) / (aa - 1)
+      assert _rel(np.asarray(d_rdp), ref).max() <= GRAD_RTOL, (name, copies)

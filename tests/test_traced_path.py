@@ -1,9 +1,9 @@
 """ε and its gradient inside a user's own ``jax.jit`` agree with the eager calls.
 
 Under ``jax.jit`` the envelope gradient is taken at the traced optimal order on shared nodes
-(``rdp_tangent_at_order``: 129 nodes, 2049 where those cannot certify), and long schedules
-(more than 128 phases) take the binned search (bounds from phases binned by σ, windows of
-grid orders, refinement). The eager calls take their own programs; the values must agree.
+(``rdp_tangent_at_order``: 2049 nodes, or the nested grids for more than 1,024 pairs), and
+long schedules (more than 64 phases) take the binned search (a stand-in schedule from phases
+binned by σ, windows of orders). The eager calls take their own programs; the values must agree.
 References: the eager ``jax.grad`` (exact envelope gradient at the optimal order, itself
 checked against finite differences in test_accounting.py) and the whole-grid minimum of
 ``compute_epsilon`` over ``compute_rdp`` (the pruning must not change it).

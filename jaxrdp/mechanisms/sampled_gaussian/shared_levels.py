@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import math
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 import numpy as np
@@ -48,10 +49,14 @@ def _level_weights():
   return table
 
 
-def _log_j_levels(q, sigma, orders):
+def _log_j_levels(q, sigma, orders, tangents=None):
   r"""log J (r, g) on rows: flat generic q, sigma (r,), each row with its own ascending orders
   and their constants ``orders`` (r, 5 g) (:func:`_order_block`), on nested grids of its span
-  (:func:`_shared_span`); +inf where a value cannot be certified.
+  (:func:`_shared_span`); +inf where a value cannot be certified. With ``tangents`` = (dq,
+  dsigma) (each (r,) or None: that direction not differentiated), also log J's derivative
+  along them (r, g) (0 where not certified): the same rules applied, on the same nodes and
+  level, to the integrand's derivative (window, reference power and its scale held fixed, as
+  they only decide where and relative to what to sum), in the same pass.
 
   Level 0 is every second node of the 129-node grid (65 nodes, step 2h); its trapezoid rule
   and those on every second and fourth of its nodes (33, 17) certify most rows (:func:`_assess`,
@@ -74,6 +79,8 @@ def _log_j_levels(q, sigma, orders):
   dtype = q.dtype
   sg = lax.stop_gradient
   q, sigma, orders = sg(q), sg(sigma), sg(orders)
+  moving_q, moving_s = (tangents is not None and d is not None for d in (tangents or (None,) * 2))
+  with_tangent = moving_q or moving_s
   alphas = orders[:, :g]
   lo, h = _shared_span(q, sigma, alphas)
   cap = r if r < _LEVEL_COMPACT_FROM else min(_LEVEL_ROWS, -(-r // _LEVEL_SHARE))
@@ -91,19 +98,31 @@ def _log_j_levels(q, sigma, orders):
   # whether the row is pending. Everything the body needs per row is a column: no division, logarithm or exponential of a
   # row's scalars in the loop (each would be a kernel of its own, evaluated before the
   # broadcast over nodes and orders).
-  n_fixed, n_counters = 7, 8
+  # With tangents, five more fixed columns: the derivatives of log q, log(1-q), q, log sigma
+  # and 1/(2 sigma^2) along the row's direction; and three more per-order blocks of state: the
+  # derivatives of the midpoint sum, of the last complete level's sum and of log J.
+  n_fixed, n_counters = (12 if with_tangent else 7), 8
+  n_blocks = 12 if with_tangent else 9
   width = n_fixed + 5 * g   # the fixed columns; then the state, then whether the row is pending
   # The matrix is one kernel: per-row columns computed by _select_columns, placed by padding
   # with zeros and adding (exact), with the orders' columns and a constant row.
   wide = lambda v, k: jnp.broadcast_to(v[:, None], (r, k))
-  q_, s_ = wide(q, n_fixed), wide(sigma, n_fixed)
-  x = _select_columns([q_, s_, wide(lo, n_fixed), q_, -q_, s_, s_])
+  q_, s_ = wide(q, 7), wide(sigma, 7)
+  x = _select_columns([q_, s_, wide(lo, 7), q_, -q_, s_, s_])
   fixed = _select_columns([x, x, x, jnp.log(x), jnp.log1p(x), jnp.log(x), 0.5 / (x * x)])
+  if with_tangent:
+    zero = jnp.zeros_like(q)
+    dq = sg(tangents[0]) if moving_q else zero
+    ds = sg(tangents[1]) if moving_s else zero
+    d_log_s = ds / sigma
+    fixed = jnp.concatenate([fixed, jnp.stack(
+        [dq / q, -dq / (1 - q), dq, d_log_s, -d_log_s / (sigma * sigma)], axis=-1)], axis=-1)
   # The constant row: zero fixed columns; level 0, block 0, blocks 0.5, then the row's step
   # (level 0: every second node of the 129-node grid), log step and rates in columns 3 to 7;
   # per order: zeros, log J +inf, failed 1; pending 1.
   template = np.concatenate([np.zeros(width), [0.0, 0.0, 0.5], np.zeros(5), np.zeros(4 * g),
-                             np.zeros(3 * g), np.full(g, np.inf), np.ones(g), [1.0]]).astype(dtype)
+                             np.zeros(3 * g), np.full(g, np.inf), np.ones(g),
+                             np.zeros((n_blocks - 9) * g), [1.0]]).astype(dtype)
   # Step, log step, then the exponents of the rates at the step, (a, b) = (-pi^2 sigma^2/h,
   # -1.5 pi^2 sigma^2/h^2), and at twice the step, (a/2, b/4).
   step0, s2 = wide(2 * h, 6), wide(sigma * sigma, 6)
@@ -134,37 +153,57 @@ def _log_j_levels(q, sigma, orders):
     else:   # the barrier keeps XLA from hoisting each per-order constant out of the loop
       rows = lax.optimization_barrier(packed)   # as a kernel of its own
     fx, st = rows[:, :width], rows[:, width:]
-    q_, s_, lo_, log_q_, log1m_q_, log_s_, inv_2s2 = (fx[:, i] for i in range(n_fixed))
+    q_, s_, lo_, log_q_, log1m_q_, log_s_, inv_2s2 = (fx[:, i] for i in range(7))
+    d_row = [fx[:, i] for i in range(7, n_fixed)]   # with tangents: the derivatives' columns
     alphas_, *constants = (fx[:, n_fixed + k * g:n_fixed + (k + 1) * g] for k in range(5))
     log_beta = constants[-1]
     constants = [v[..., None] for v in constants]
     level, blk, blocks, step, log_step, rate_a, rate_b, rho_coarse = (
         st[:, i] for i in range(n_counters))
-    partial, total, log_t, older, m_ref_, ref_, edge, log_j, still_failed = (
-        cell(st, k) for k in range(9))
+    partial, total, log_t, older, m_ref_, ref_, edge, log_j, still_failed, *d_state = (
+        cell(st, k) for k in range(n_blocks))
     first = level == 0
     # Level 0: lo + step j; level >= 1 (step halved), block b: the midpoints
     # lo + step (128 b + 1 + 2 j).
     offset = _where(first, 0.0, step * (2 * (_LEVEL_NODES - 1) * blk + 1))
     z = ex(lo_) + ex(offset) + ex(_where(first, step, 2 * step)) * j
-    nodes = _grid_nodes(z, ex(inv_2s2), ex(log_q_), ex(log1m_q_), ex(q_))
+    row_values = (inv_2s2, log_q_, log1m_q_, q_)
+    nodes_of = lambda i2, lq, l1q, qq: _grid_nodes(z, ex(i2), ex(lq), ex(l1q), ex(qq))
+    if with_tangent:   # d(1/(2 sigma^2)), d log q, d log(1-q), dq
+      d_nodes_in = (d_row[4],) + tuple(d_row[:3])
+      nodes, d_nodes = jax.jvp(nodes_of, row_values, d_nodes_in)
+    else:
+      nodes = nodes_of(*row_values)
     alpha = alphas_[..., None]
     e_abs, _ = _grid_terms({k: v[..., ::2] for k, v in nodes.items()}, ex(inv_2s2), alpha,
                            jnp.zeros_like(alpha), exponent_only=True, constants=constants)
     m_new, ref_new = _reference_power(e_abs, ex(inv_2s2), alpha)
     m_ref_ = _where(first[:, None], m_new[..., 0], m_ref_)
     ref_ = _where(first[:, None], ref_new[..., 0], ref_)
-    e, mult = _grid_terms(nodes, ex(inv_2s2), alpha, m_ref_[..., None], constants=constants)
-    values = jnp.exp(jnp.maximum(e - ref_[..., None], _exp_floor(dtype))) * mult
+
+    def values_of(nodes_, i2):
+      e, mult = _grid_terms(nodes_, ex(i2), alpha, m_ref_[..., None], constants=constants)
+      return jnp.exp(jnp.maximum(e - ref_[..., None], _exp_floor(dtype))) * mult
+    if with_tangent:
+      values, d_values = jax.jvp(values_of, (nodes, inv_2s2), (d_nodes, d_row[4]))
+    else:
+      values = values_of(nodes, inv_2s2)
     # The 65th node of a refinement block is a dummy: zero, so that it cannot reach the sums
     # even as inf or NaN (a weight of 0 would not stop those).
-    values = _where(first[:, None, None] | (j < _LEVEL_NODES - 1), values, 0.0)
+    real = first[:, None, None] | (j < _LEVEL_NODES - 1)
+    values = _where(real, values, 0.0)
     sums = jnp.einsum("rgk,kc->rgc", values, weights, precision=lax.Precision.HIGHEST)
     shift = m_ref_ * (m_ref_ - 1) * inv_2s2[:, None]
     base = (ref_ - log_half_2pi - log_s_[:, None]) + log_step[:, None]   # log T = log(sum) + base
     partial = _where(first[:, None], 0.0, partial + sums[..., 3])
     complete = first | (blk == blocks - 1)
     new_total = _where(first[:, None], sums[..., 0], total + partial)
+    if with_tangent:   # the same sums of the derivatives (the rule and the midpoints)
+      d_sums = jnp.einsum("rgk,kc->rgc", _where(real, d_values, 0.0), weights[:, ::3],
+                          precision=lax.Precision.HIGHEST)
+      d_partial, d_total, d_log_j = d_state
+      d_partial = _where(first[:, None], 0.0, d_partial + d_sums[..., 1])
+      d_new_total = _where(first[:, None], d_sums[..., 0], d_total + d_partial)
     # One logarithm of the four sums: the level's rule, at level 0 also the rules on every
     # second and fourth node and the larger edge value.
     # (Selected, not stacked: a stack is a loop per piece, each with its own logarithm.)
@@ -207,7 +246,13 @@ def _log_j_levels(q, sigma, orders):
     plain = select([_where(c, 0.0, partial), _where(c, new_total, total),
                     _where(c, new_log_t, log_t), _where(c, coarse, older), m_ref_, ref_, edge])
     judged = select([_where(newly, new_log_t + shift, log_j), failed_now.astype(dtype)])
-    out = jnp.concatenate([counters, plain, judged, (~done)[:, None].astype(dtype)], axis=-1)
+    parts = [counters, plain, judged]
+    if with_tangent:   # d log J = d(sum)/sum - d log sigma + m_ref (m_ref - 1) d(1/(2 sigma^2))
+      d_new = (d_new_total / new_total - d_row[3][:, None]
+               + m_ref_ * (m_ref_ - 1) * d_row[4][:, None])
+      parts.append(select([_where(c, 0.0, d_partial), _where(c, d_new_total, d_total),
+                           _where(newly, d_new, d_log_j)]))
+    out = jnp.concatenate(parts + [(~done)[:, None].astype(dtype)], axis=-1)
     # The rows left pending, counted down here (read from the output, so that the test is not
     # compiled twice): the loop's condition is then one comparison, not a reduction over all
     # rows (kernels of their own).
@@ -219,4 +264,7 @@ def _log_j_levels(q, sigma, orders):
     return packed.at[idx, width:].set(out, mode="drop"), left   # out-of-range writes are dropped
 
   packed, _ = loops.while_loop(lambda c: c[1] > 0, body, (packed, np.int32(r)))
-  return cell(packed[:, width:], 7)
+  log_j = cell(packed[:, width:], 7)
+  if not with_tangent:
+    return log_j
+  return log_j, _where(jnp.isfinite(log_j), cell(packed[:, width:], 11), 0.0)

@@ -3,7 +3,8 @@ r"""log J of the fractional orders of a split on shared nodes, values and deriva
 Each (pair, group of orders) is one row (:func:`_shared_values`): values on the nested grids
 of :func:`shared_levels._log_j_levels`, values with tangents on one grid
 (:func:`shared_nodes._log_j_shared`: 129 nodes, and 2049 where those leave a value open,
-:func:`_on_finer_grid_where_open`). :func:`rdp_tangent_at_order` is the RDP and its tangent
+:func:`_on_finer_grid_where_open`), or on the nested grids with the derivative in the same
+pass (many pairs at one order). :func:`rdp_tangent_at_order` is the RDP and its tangent
 at one order, the derivative that the envelope theorem needs at the optimal order of a
 conversion.
 """
@@ -62,8 +63,10 @@ def rdp_tangent_at_order(q, sigma, alpha, dq, dsigma):
   order ``alpha`` (a scalar, traced or not), without argument checks: the derivative that the
   envelope theorem needs at the optimal order of a conversion (Mironov, Talwar, Zhang 2019,
   Sec. 3; the tangent is the quadrature of the integrand's derivative, as in
-  :func:`_log_j_shared`), on the grids of :func:`_on_finer_grid_where_open`; ``certified`` is
-  false where those could not certify the value (then +inf, tangent 0: a caller reports NaN).
+  :func:`_log_j_shared`): up to _FINE_ONLY pairs on 2049 nodes, more on the nested grids of
+  :func:`_log_j_levels` (129 to 4097 nodes, the derivative in the same pass); ``certified``
+  is false where those could not certify the value (then +inf, tangent 0: a caller reports
+  NaN).
   Integer and fractional orders alike, so that the graph holds one small kernel whatever the
   order turns out to be (the per-order kernel's derivative is ~5x its compile time).
   ``dq`` or ``dsigma`` None: that direction is zero and not differentiated."""
@@ -73,19 +76,32 @@ def rdp_tangent_at_order(q, sigma, alpha, dq, dsigma):
   # A direction given as None is zero: not differentiated (nor the order, held fixed).
   tangents = tuple(None if d is None else _where(generic, d, zero) for d in (dq, dsigma)) + (None,)
 
-  def run(intervals):   # one row per pair, with its own order, in blocks of rows
-    moving = [i for i, d in enumerate(tangents) if d is not None]
-    def block(xs):
-      d = [None] * 3
-      for i, v in zip(moving, xs[3:]):
-        d[i] = v
-      log_j, d_log_j = _log_j_shared(xs[0], xs[1], xs[2][:, None], tuple(d), intervals)
-      return log_j[:, 0], d_log_j[:, 0]
-    rows = max(1, _SHARED_ELEMENTS // (intervals + 1))
-    return _in_row_blocks(block, rows, q_g, s_g, a_g, *(tangents[i] for i in moving))
-  log_j, d_log_j = _on_finer_grid_where_open(run, lambda v: generic & ~jnp.isfinite(v),
-                                             q.shape[0])
-  # The special cases around the kernel, differentiated along the directions given only.
+  # One row per pair, with its own order. Up to _FINE_ONLY pairs on 2049 nodes at once (one
+  # small kernel, no loop: compiles fastest); more on the nested grids, refined only where
+  # needed, with the derivative in the same pass (one loop, however many pairs; 129 nodes
+  # and 2049 where those leave a value open took two copies of the kernel and all pairs on
+  # 2049 if any one needed them).
+  moving = [i for i, d in enumerate(tangents[:2]) if d is not None]
+  if q.shape[0] <= _FINE_ONLY:
+    log_j, d_log_j = _log_j_shared(q_g, s_g, a_g[:, None], tangents, _TANGENT_INTERVALS[1])
+    return _rdp_with_tangent(q, sigma, alpha, log_j[:, 0], d_log_j[:, 0], dq, dsigma, generic)
+
+  def block(xs):
+    d = [None, None]
+    for i, v in zip(moving, xs[3:]):
+      d[i] = v
+    if not moving:
+      log_j = _log_j_levels(xs[0], xs[1], xs[2])
+      return log_j, jnp.zeros_like(log_j)
+    return _log_j_levels(xs[0], xs[1], xs[2], tuple(d))
+  log_j, d_log_j = _in_row_blocks(block, _LEVEL_BLOCK_ROWS, q_g, s_g, _order_block(a_g[:, None]),
+                                  *(tangents[i] for i in moving))
+  return _rdp_with_tangent(q, sigma, alpha, log_j[:, 0], d_log_j[:, 0], dq, dsigma, generic)
+
+
+def _rdp_with_tangent(q, sigma, alpha, log_j, d_log_j, dq, dsigma, generic):
+  """:func:`rdp_tangent_at_order`'s result from log J and its tangent: the special cases
+  around the kernel, differentiated along the directions given only."""
   primals, dots = (q, sigma, log_j), (dq, dsigma, d_log_j)
   moving = [i for i, d in enumerate(dots) if d is not None]
 
