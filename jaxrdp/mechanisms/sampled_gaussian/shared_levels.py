@@ -28,7 +28,15 @@ _LEVEL_NODES = _SHARED_INTERVALS // 2 + 1   # nodes per row and step of _log_j_l
 _LEVEL_ROWS = 512           # rows per step of _log_j_levels at most
 _LEVEL_SHARE = 4            # and a quarter of the rows (the refinement levels, which few rows
 _LEVEL_COMPACT_FROM = 64   # need, cost a quarter of level 0) from this many rows on
-_LEVEL_BLOCK_ROWS = 8192    # rows per call of _log_j_levels at most (bounds memory)
+_LEVEL_BLOCK_ELEMENTS = 1 << 22   # entries of one call's row state at most (bounds memory;
+                                  # the loop's work arrays are _LEVEL_ROWS rows whatever r is)
+
+
+def _level_block_rows(g):
+  """Rows per call of :func:`_log_j_levels` with g orders per row: as many as keep its packed
+  row state (about 14 g + 24 columns with tangents) within _LEVEL_BLOCK_ELEMENTS, so that up
+  to ~10^4 rows of 32 orders (~10^5 of one) need no loop of calls around the kernel."""
+  return max(_LEVEL_ROWS, _LEVEL_BLOCK_ELEMENTS // (14 * g + 24))
 
 
 @functools.lru_cache(maxsize=None)

@@ -17,7 +17,7 @@ from jax import lax
 import numpy as np
 
 from jaxrdp.mechanisms.sampled_gaussian.common import _in_row_blocks, _where
-from jaxrdp.mechanisms.sampled_gaussian.shared_levels import _LEVEL_BLOCK_ROWS, _log_j_levels
+from jaxrdp.mechanisms.sampled_gaussian.shared_levels import _level_block_rows, _log_j_levels
 from jaxrdp.mechanisms.sampled_gaussian.shared_nodes import (_SHARED_INTERVALS, _log_j_shared,
                                                              _order_block)
 from jaxrdp.mechanisms.sampled_gaussian.terms import _generic, _terms
@@ -94,7 +94,7 @@ def rdp_tangent_at_order(q, sigma, alpha, dq, dsigma):
       log_j = _log_j_levels(xs[0], xs[1], xs[2])
       return log_j, jnp.zeros_like(log_j)
     return _log_j_levels(xs[0], xs[1], xs[2], tuple(d))
-  log_j, d_log_j = _in_row_blocks(block, _LEVEL_BLOCK_ROWS, q_g, s_g, _order_block(a_g[:, None]),
+  log_j, d_log_j = _in_row_blocks(block, _level_block_rows(1), q_g, s_g, _order_block(a_g[:, None]),
                                   *(tangents[i] for i in moving))
   return _rdp_with_tangent(q, sigma, alpha, log_j[:, 0], d_log_j[:, 0], dq, dsigma, generic)
 
@@ -135,7 +135,7 @@ def _shared_values(q, sigma, alphas, groups, tangents=None, intervals=_SHARED_IN
             else grouped.reshape((n * n_groups,) + grouped.shape[2:]))
     return jnp.repeat(q_, n_groups), jnp.repeat(s_, n_groups), rows
   if tangents is None:
-    blocks = -(-(n * n_groups) // _LEVEL_BLOCK_ROWS)   # equal blocks: little padding
+    blocks = -(-(n * n_groups) // _level_block_rows(width))   # equal blocks: little padding
     shared = (_in_row_blocks(lambda xs: _log_j_levels(*xs), -(-(n * n_groups) // blocks),
                              *as_rows(q, sigma, lax.stop_gradient(alphas), _order_block)),)
   else:
