@@ -74,9 +74,9 @@ kept small:
 * **Long schedules in static shapes** (more than 64 phases, traced or eager: one program):
   the phases binned by σ bound ε at every order from above and below (RDP is monotone in q
   and σ); without refinement every phase is evaluated only at the windows of 16 grid orders
-  whose lower bound can still be the minimum; with it (the default), in three windows of 8
-  orders, the first placed by a stand-in schedule (one pair per bin), the next two centred on
-  the optimum of a model of log R: 24 orders per phase in all.
+  whose lower bound can still be the minimum; with it (the default), in two windows of 8
+  orders, the first centred on the optimum of a stand-in schedule (one pair per bin), the
+  second on that of a model of log R through the first's orders: 16 orders per phase in all.
 """
 
 PLAIN_JIT = """\

@@ -22,7 +22,7 @@ program); for traced ones in one loop that evaluates one row of shared nodes per
 grid's rows first (:func:`_grid_search`; the exact sums are evaluated once, before it): the
 same orders in the same rows, so the same ε. Long schedules (more than 64
 phases), traced or not, evaluate each phase only at the grid orders that bounds from the
-phases binned by σ leave in play or, refining, in three windows of 8 orders placed by a
+phases binned by σ leave in play or, refining, in two windows of 8 orders placed by a
 stand-in schedule and a model of log R (:func:`_binned_search`, :func:`_windowed_search`: one
 program with static shapes). Calibrations (:mod:`jaxrdp.accounting.calibration`) run
 their safe-side search on the full evaluation, and the envelope gradient is taken at the one
@@ -398,8 +398,8 @@ def _concrete_epsilon(q, sigma, t, delta, grid, refine_order):
 _BOUND_BINS = 64   # bins of phases whose bounds decide which grid orders a long schedule needs
 _BINNED_PHASES = _BOUND_BINS   # schedules with more phases: _binned_search
 _WINDOW = 16       # orders per step of _binned_search's grid search (one group of shared nodes)
-_WINDOW_REFINE_STEPS = 2   # windows of _PROBES orders off the grid (_windowed_search)
-_MAX_WALK = 6      # windows on the grid at most (_windowed_search)
+_WINDOW_REFINE_STEPS = 2   # windows of _PROBES orders with the best inside (_windowed_search)
+_MAX_WALK = 6      # other windows at most (_windowed_search)
 _PROBES = 8        # orders per window of _windowed_search (one group of shared nodes)
 _SHRINK = 8        # a window's spacing: its neighbours' half distance over this
 
@@ -452,8 +452,7 @@ def _binned_search(q, sigma, t, delta, grid, split, tables, refine_steps):
   if refine_steps:   # the stand-ins at the grid: where the windows start
     bq, bs, bt = (v[2 * _BOUND_BINS:] for v in (bq, bs, bt))
     rdp = composition.rdp_of_steps(bq, bs, bt, grid, split, tables, fallback=False)[0]
-    return _windowed_search(q, sigma, t, delta, grid, _composed_epsilons(grid, rdp, delta),
-                            refine_steps)
+    return _windowed_search(q, sigma, t, delta, grid, jnp.sum(rdp, axis=0), refine_steps)
   rdp, pending = composition.rdp_of_steps(bq[:2 * _BOUND_BINS], bs[:2 * _BOUND_BINS],
                                           bt[:2 * _BOUND_BINS], grid, split, tables,
                                           fallback=False)
@@ -540,65 +539,56 @@ def _model_vertex(x, r, delta, j):
   return jnp.where(ok, vertex, x[j]), ok
 
 
-def _windowed_search(q, sigma, t, delta, grid, estimate, windows):
-  """(ε, its order) of a long schedule, refined continuously in ``windows`` windows of _PROBES
-  orders each, every window one evaluation of every phase (one group of shared nodes).
+def _windowed_search(q, sigma, t, delta, grid, standin, windows):
+  """(ε, its order) of a long schedule, refined continuously in windows of _PROBES orders
+  each, every window one evaluation of every phase (one group of shared nodes).
 
-  ``estimate``: ε at the (ascending) grid orders of a schedule that stands for this one (a
-  representative of each bin of :func:`_phase_bins`); it only places the first window: the
-  _PROBES grid orders around its smallest value (−3..4 places). While the best order of a
-  window lies at its edge, the next window is the grid orders around that one. Otherwise the
-  next is centred on the optimum of a model of ε between the best order's neighbours
-  (:func:`_model_vertex`, from the five orders around it),
-  its orders the centre plus −3..4 spacings of 1/_SHRINK of the neighbours' half distance
-  (the second window's last slot: the grid order nearest the centre); ``windows`` of those,
-  after at most _MAX_WALK windows on the grid. The result is the
-  smallest ε at an evaluated order: a valid bound whatever the estimate. With ε unimodal in α
-  around the optimum, the grid's smallest value lies at one of the grid neighbours of the
-  optimal order, and the result is below both to within the windows' resolution (measured:
-  within 1e-9 of the full grid search's refined ε and never above the grid's minimum,
-  tests/test_accounting.py, tests/test_traced_path.py)."""
-  dtype, k = grid.dtype, grid.shape[0]
+  ``standin``: the composed RDP at the (ascending) grid orders of a schedule that stands for
+  this one (a representative of each bin of :func:`_phase_bins`). Its optimum, found on the
+  grid and placed between the grid orders by :func:`_model_vertex`, centres the first
+  window, whose orders are the centre plus −3..4 spacings of a quarter of the grid's local
+  spacing. While the best order of a window lies at its edge, the next is centred on that
+  order with twice the spacing (at most _MAX_WALK such windows); otherwise on the optimum of
+  the model through the five orders around the best one, with the spacing over _SHRINK (its
+  last slot: the grid order nearest the centre); until ``windows`` windows had their best
+  order inside (usually the first two). The
+  result is the smallest ε at an evaluated order: a valid bound whatever the stand-in. With ε
+  unimodal in α around the optimum, the grid's smallest value lies at one of the grid
+  neighbours of the optimal order, and the result is below both to within the windows'
+  resolution (measured: within 1e-9 of the full grid search's refined ε and never above the
+  grid's minimum, tests/test_accounting.py, tests/test_traced_path.py)."""
+  dtype = grid.dtype
   usable = jnp.isfinite(grid) & (grid > 1)
+  estimate = _composed_epsilons(grid, standin[None], delta)
   masked = jnp.where(usable & ~jnp.isnan(estimate), estimate, jnp.inf)
   # The usable orders' range (a grid ascends; orders at most 1 and NaN are not usable).
   low = jnp.min(jnp.where(usable, grid, jnp.inf))
   high = jnp.max(jnp.where(usable, grid, -jnp.inf))
-  first_usable = jnp.argmax(usable)
-  last_usable = k - 1 - jnp.argmax(usable[::-1])
   offsets = np.arange(_PROBES) - 3
   probes = sampled_gaussian.OrderSplit(None, (tuple(range(_PROBES)),))
 
   def body(state):
-    best, alpha, centre, spacing, index, step, refined = state
-    on_grid = spacing == 0
-    at = jnp.clip(index + offsets, first_usable, last_usable)
-    orders = jnp.where(on_grid, grid[at], jnp.clip(centre + offsets.astype(dtype) * spacing,
-                                                   low, high))
+    best, alpha, centre, spacing, step, placed = state
+    orders = jnp.clip(centre + offsets.astype(dtype) * spacing, low, high)
     nearest = grid[jnp.argmin(jnp.where(usable, jnp.abs(grid - centre), jnp.inf))]
-    orders = jnp.sort(jnp.where((step == 1) & ~on_grid & (offsets == _PROBES - 4), nearest,
-                                orders))
+    orders = jnp.sort(jnp.where((placed > 0) & (offsets == _PROBES - 4), nearest, orders))
     r = composition.rdp_of_steps(q, sigma, t, orders, probes, None, fallback=False)[0]
     eps = _composed_epsilons(orders, r, delta)
     j = jnp.argmin(eps)
     better = eps[j] < best
     best, alpha = jnp.where(better, eps[j], best), jnp.where(better, orders[j], alpha)
-    around = jnp.clip(j + jnp.arange(-1, 2), 0, _PROBES - 1)
     vertex, ok = _model_vertex(orders, jnp.sum(r, axis=0), delta, j)
     ok = ok & jnp.isfinite(eps[j])
-    # At an edge on the grid: the grid orders around it next.
-    edge = (j == 0) | (j == _PROBES - 1)
-    walk = on_grid & edge
-    index = jnp.where(walk, at[j], index)
-    half = 0.5 * (orders[around[2]] - orders[around[0]])
-    spacing = jnp.where(walk, 0.0, jnp.where(ok, half / _SHRINK, jnp.maximum(spacing, half)))
     centre = jnp.where(ok, vertex, orders[j])
-    return best, alpha, centre, spacing, index, step + 1, refined + (~on_grid).astype(jnp.int32)
+    spacing = jnp.where(ok, spacing / _SHRINK, 2 * spacing)
+    return best, alpha, centre, spacing, step + 1, placed + ok.astype(jnp.int32)
 
   one, zero = jnp.ones((), dtype), jnp.zeros((), jnp.int32)
   i = jnp.argmin(masked)
-  state = (jnp.inf * one, jnp.nan * one, grid[i], 0 * one, i, zero, zero)
-  # The grid windows, then ``windows`` off the grid (at most _MAX_WALK grid windows).
+  centre, _ = _model_vertex(grid, standin, delta, i)
+  lo, hi = order_search.bracket_of(grid, usable, grid[i])
+  state = (jnp.inf * one, jnp.nan * one, centre, (hi - lo) / 8, zero, zero)
+  # ``windows`` windows with the best order inside (at most _MAX_WALK others).
   best, alpha, *_ = loops.while_loop(lambda s: (s[-1] < windows) & (s[-2] < windows + _MAX_WALK),
                                      body, state, batched_as=(q, sigma, t, delta))
   eps = jnp.where(validation.in_domain("delta", delta), best, jnp.nan)
