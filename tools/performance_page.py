@@ -58,12 +58,14 @@ GRAPH = """\
 jaxrdp's, so what you wait for on a first call is the size of jaxrdp's graph. How that graph is
 kept small:
 
-* **Gradients by the envelope theorem** at the optimal order, on one small kernel of shared
-  quadrature nodes with its tangent (`rdp_tangent_at_order`: 2049 nodes at once for up to
-  1,024 pairs, no loop; more pairs on the nested grids of 65 to 4097 nodes, refined per pair
-  only where needed, with the derivative in the same pass: one copy of the kernel in the
-  graph either way). The search for the order is never differentiated, and the per-order
-  quadrature (five times the compile time) is not in a derivative's graph.
+* **Gradients by the envelope theorem** at the optimal order. Inside a user's `jax.jit`
+  (up to 64 phases) the search's own loop carries the derivative: its nested grids of 65 to
+  4097 nodes sum the integrand's derivative with its values, and one more step evaluates the
+  optimal order found, so a derivative's graph holds one copy of the kernel. Longer
+  schedules take it at the optimal order on the nested grids once more
+  (`rdp_tangent_at_order`; 2049 nodes at once for up to 1,024 pairs). The search for the
+  order is never differentiated, and the per-order quadrature (five times the compile time)
+  is not in a derivative's graph.
 * **One row of shared nodes per step**: integer orders are exact sums computed once, outside
   the search's loop; fractional orders share nodes, one row of up to 32 orders per group; each
   step of the loop evaluates one row per phase: the grid's rows first, then five refinement

@@ -149,10 +149,12 @@ def _gradient_at(alpha, q, sigma, t, delta, tables, fallback, split, wanted=(Tru
     return rdp[:, 0], jnp.any(pending)
   one, zero = jnp.ones_like(q), jnp.zeros_like(q)
   directions = [d for d, w in zip(((one, zero), (zero, one)), wanted[:2]) if w]
-  if len(directions) == 2:
-    rdp, d_rdp, is_open = jax.vmap(
-        lambda dq, ds: jax.jvp(rdp_of, (q, sigma), (dq, ds), has_aux=True),
-        out_axes=(None, 0, None))(jnp.stack([one, zero]), jnp.stack([zero, one]))
+  if len(directions) == 2:   # one direction per copy of the phases (the nested grids carry one)
+    n = q.shape[0]
+    rdp, d_rdp, is_open = jax.jvp(rdp_of, (jnp.concatenate([q, q]), jnp.concatenate([sigma, sigma])),
+                                  (jnp.concatenate([one, zero]), jnp.concatenate([zero, one])),
+                                  has_aux=True)
+    rdp, d_rdp = rdp[:n], d_rdp.reshape(2, n)
   elif directions:
     rdp, d_rdp, is_open = jax.jvp(rdp_of, (q, sigma), directions[0], has_aux=True)
     d_rdp = [d_rdp]

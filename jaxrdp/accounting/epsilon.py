@@ -26,7 +26,9 @@ phases binned by σ leave in play or, refining, in two windows of 8 orders place
 stand-in schedule and a model of log R (:func:`_binned_search`, :func:`_windowed_search`: one
 program with static shapes). Calibrations (:mod:`jaxrdp.accounting.calibration`) run
 their safe-side search on the full evaluation, and the envelope gradient is taken at the one
-optimal order through its own split. The per-order quadrature is compiled only when
+optimal order: through its own split for concrete values, and for traced ones (up to 64
+phases) in the search's own loop, whose rows then carry the derivative
+(:func:`_searched_epsilon`: a derivative's graph holds one copy of the kernel). The per-order quadrature is compiled only when
 something is left open (then it fills just those values). A traced grid uses the branch and
 bound of :mod:`jaxrdp.accounting.order_search` with the per-order quadrature and its own
 refinement (steps of 8 orders): the same ε to ~1e-11.
@@ -53,7 +55,8 @@ from jaxrdp.accounting import order_search
 from jaxrdp.accounting import pld
 from jaxrdp.accounting.order_search import grid_epsilon
 from jaxrdp.accounting.conversion import epsilon_at_orders
-from jaxrdp.accounting.envelope import _concrete_split, _envelope, _prepare_gradient
+from jaxrdp.accounting.envelope import (_concrete_split, _contract, _envelope,
+                                        _epsilon_gradient, _prepare_gradient)
 from jaxrdp.accounting.orders import DEFAULT_ORDERS
 
 REFINE_STEPS = 6   # the branch and bound's refinement steps of order_search.BATCH = 8 orders
@@ -185,12 +188,62 @@ def dpsgd_epsilon_unchecked(q, sigma, t, delta, grid, refine_order):
   taken eagerly (``jax.grad`` of this function) compiles two smaller graphs with the CPU
   option of :mod:`jaxrdp._internal.compilation` rather than one large graph without it."""
   sg = lax.stop_gradient
+  spec = _traced_search(sg(q), sg(sigma), sg(t), sg(delta), grid, refine_order)
+  if spec is not None:   # the search and the gradient in one loop (_searched_epsilon)
+    return _searched_epsilon(q, sigma, t, delta, spec)
   _prepare_gradient(q, sigma, t, delta, grid)
   found = _concrete_epsilon(sg(q), sg(sigma), sg(t), sg(delta), grid, refine_order)
   if found is None:
     found = _search_epsilon(sg(q), sg(sigma), sg(t), sg(delta), grid, refine_order)
   eps, best = found
   return _envelope(eps, best, q, sigma, t, delta)
+
+
+def _traced_search(q, sigma, t, delta, grid, refine_order):
+  """(grid as a tuple, dtype name): where :func:`_concrete_epsilon` would run
+  :func:`_grid_search` on traced values with refinement (a concrete grid split into exact sums
+  and shared nodes, at most _BINNED_PHASES phases); None otherwise."""
+  if (validation.is_concrete((q, sigma, t, delta)) or not validation.is_concrete(grid)
+      or not refine_order or grid.shape[0] < 2 or q.shape[0] > _BINNED_PHASES
+      or sampled_gaussian.order_split(grid) is None):
+    return None
+  return tuple(float(a) for a in np.asarray(grid)), np.dtype(grid.dtype).name
+
+
+@functools.lru_cache(maxsize=64)
+def _search_arguments(spec):
+  """(grid, split, tables, refinement steps) of :func:`_grid_search` for ``spec``."""
+  grid = np.asarray(spec[0], spec[1])
+  orders, _, tables = _with_slots(grid)
+  steps = refinement_steps(orders.shape[0] - grid.shape[0])
+  return grid, sampled_gaussian.order_split(grid), tables, steps
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(4,))
+def _searched_epsilon(q, sigma, t, delta, spec):
+  """ε of :func:`_grid_search` on the grid of ``spec`` (:func:`_traced_search`), with its
+  envelope derivative taken in the same loop (one copy of the kernel in a derivative's
+  graph: the search's, carrying the derivative along the wanted directions)."""
+  grid, split, tables, steps = _search_arguments(spec)
+  return _grid_search(q, sigma, t, delta, grid, split, tables, steps)[0]
+
+
+def _searched_epsilon_jvp(spec, primals, tangents):
+  wanted = tuple(not isinstance(d, jax.custom_derivatives.SymbolicZero) for d in tangents)
+  grid, split, tables, steps = _search_arguments(spec)
+  if not any(wanted):
+    eps = _grid_search(*primals, grid, split, tables, steps)[0]
+    return eps, jnp.zeros_like(eps)
+  if wanted[0] or wanted[1]:
+    eps, _, grads = _grid_search(*primals, grid, split, tables, steps, wanted=wanted)
+  else:   # T or δ only: no derivative of the RDP, the gradient at the order found
+    eps, best = _grid_search(*primals, grid, split, tables, steps)
+    grads = _epsilon_gradient(best, *primals, wanted=wanted)
+  pairs = tuple((g, d) for g, d, w in zip(grads, tangents, wanted) if w)
+  return eps, _contract(*zip(*pairs)).astype(eps.dtype)
+
+
+_searched_epsilon.defjvp(_searched_epsilon_jvp, symbolic_zeros=True)
 
 
 def _slot_width(split):
@@ -296,8 +349,9 @@ def _search_result(state, delta, xp):
   return eps, xp.where(found, best, xp.nan).astype(best.dtype), is_open
 
 
-@functools.partial(compilation.jit, static_argnames=("refine_steps", "split"), work=_work)
-def _grid_search(q, sigma, t, delta, orders, split, tables, refine_steps):
+@functools.partial(compilation.jit, static_argnames=("refine_steps", "split", "wanted"),
+                   work=_work)
+def _grid_search(q, sigma, t, delta, orders, split, tables, refine_steps, wanted=None):
   """(ε, its order) of the search of :func:`_concrete_epsilon` on a concrete grid ``orders``
   with its ``split`` and ``tables``, in one loop that evaluates one row of shared nodes per
   step: the grid's groups first, one per step (each padded to the width of the longest with
@@ -308,7 +362,14 @@ def _grid_search(q, sigma, t, delta, orders, split, tables, refine_steps):
   loop holds one copy of the kernel, each step one row per phase (under ``jax.vmap``, per
   phase and batch entry: a quarter of the rows that grid and slots together would take). The
   same orders, in the same rows, as the eager search (:func:`_search_update` decides both),
-  so the same ε."""
+  so the same ε.
+
+  ``wanted`` (static, with refinement): which of the partial derivatives d ε / d(q, σ, T, δ)
+  to return as well (:func:`jaxrdp.accounting.envelope._epsilon_gradient`'s), taken in the
+  same loop: every step evaluates the row with its derivative along the wanted directions
+  (the nested grids carry it, :func:`jaxrdp.mechanisms.sampled_gaussian.shared_levels.\
+_log_j_levels`), and one more step evaluates the optimal order found (a derivative's graph
+  then holds one copy of the kernel, not a second for the derivative)."""
   # A host grid becomes a graph constant here: when this function is inlined into an outer
   # trace (jax.jit(jax.vmap(f)), see jaxrdp._internal.compilation) it arrives as NumPy.
   grid = jnp.asarray(orders)
@@ -335,10 +396,10 @@ def _grid_search(q, sigma, t, delta, orders, split, tables, refine_steps):
   else:
     eps_outside = jnp.zeros((0,), grid.dtype)
   at_grid = lambda row_eps: jnp.concatenate([eps_outside, row_eps.reshape(-1)])[source]
-  values = lambda alphas, count: _grid_values(
-      q, sigma, t, delta, alphas,
-      sampled_gaussian.OrderSplit((), tuple(tuple(range(r * width, (r + 1) * width))
-                                            for r in range(count))), (), fallback=True)[0]
+  row_split = lambda count: sampled_gaussian.OrderSplit(
+      (), tuple(tuple(range(r * width, (r + 1) * width)) for r in range(count)))
+  values = lambda alphas, count: _grid_values(q, sigma, t, delta, alphas, row_split(count), (),
+                                              fallback=True)[0]
   state = jax.tree_util.tree_map(jnp.asarray, _search_start(grid.dtype))
   if refine_steps == 0:   # the grid's rows at once: no loop around the kernel
     row_eps = values(rows.reshape(-1), n_rows)
@@ -346,21 +407,71 @@ def _grid_search(q, sigma, t, delta, orders, split, tables, refine_steps):
                            jnp.zeros(k + width, bool), grid, refine_steps, jnp)
     return _search_result(state, delta, jnp)[:2]
 
+  directions = [d for d, w in zip(((1.0, 0.0), (0.0, 1.0)), wanted or ()) if w]
+
+  def evaluate(alphas):   # ε at the row's orders; with ``wanted``, T·RDP and its derivatives
+    if not directions:
+      return values(alphas, 1), None, None
+    # One direction per copy of the phases (both: the phases twice, values and all).
+    copies = len(directions)
+    stack = lambda v: jnp.concatenate([v] * copies)
+    rdp_of = lambda q_, s_: composition.rdp_of_steps(q_, s_, stack(t), alphas, row_split(1), (),
+                                                     fallback=True)
+    one = lambda c: jnp.full(q.shape, c, q.dtype)
+    rdp, d_rdp = jax.jvp(rdp_of, (stack(q), stack(sigma)),
+                         tuple(jnp.concatenate([one(d[i]) for d in directions]) for i in (0, 1)))
+    rdp, d_rdp = rdp[:q.shape[0]], d_rdp.reshape((copies, q.shape[0]) + rdp.shape[1:])
+    return _composed_epsilons(alphas, rdp, delta), rdp, d_rdp
+
   def step(carry):
-    state, row_eps = carry
+    state, row_eps, *last = carry
     row = state[0]
     filling = row < n_rows
     at_row = jnp.minimum(row, n_rows - 1)
     inside = order_search.refinement_orders(state[3], state[4], count=width)
-    eps = values(jnp.where(filling, rows[at_row], inside), 1)
-    row_eps = jnp.where(filling, lax.dynamic_update_index_in_dim(row_eps, eps, at_row, 0),
+    searching = state[-1]   # else: the extra step at the optimal order (with ``wanted``)
+    alphas = jnp.where(filling, rows[at_row], inside)
+    if directions:
+      alphas = jnp.where(searching, alphas, jnp.where(jnp.isfinite(state[2]), state[2], 2.0))
+    eps, rdp, d_rdp = evaluate(alphas)
+    new_eps = jnp.where(filling, lax.dynamic_update_index_in_dim(row_eps, eps, at_row, 0),
                         row_eps)
-    state = _search_update(state, jnp.concatenate([at_grid(row_eps), eps]),
-                           jnp.zeros(k + width, bool), grid, refine_steps, jnp, n_rows)
-    return state, row_eps
+    new = _search_update(state, jnp.concatenate([at_grid(new_eps), eps]),
+                         jnp.zeros(k + width, bool), grid, refine_steps, jnp, n_rows)
+    if not directions:
+      return new, new_eps
+    keep = lambda a, b: jax.tree_util.tree_map(lambda u, v: jnp.where(searching, u, v), a, b)
+    return (keep(new, state), keep(new_eps, row_eps), keep(last[0], rdp[:, 0]),
+            keep(last[1], d_rdp[:, :, 0]), last[2] | ~searching)
   carry = (state, jnp.zeros((n_rows, width), grid.dtype))
-  state, _ = loops.while_loop(lambda c: c[0][-1], step, carry, batched_as=(q, sigma, t, delta))
-  return _search_result(state, delta, jnp)[:2]
+  if directions:   # T·RDP and its derivatives at the optimal order, and whether they are in
+    carry += (jnp.zeros(q.shape, q.dtype), jnp.zeros((len(directions),) + q.shape, q.dtype),
+              jnp.zeros((), bool))
+  out = loops.while_loop(lambda c: c[0][-1] | (bool(directions) and ~c[-1]), step, carry,
+                         batched_as=(q, sigma, t, delta))
+  result = _search_result(out[0], delta, jnp)[:2]
+  if not directions:
+    return result
+  return result + (_search_gradient(result[1], q, sigma, t, delta, out[2], out[3], wanted),)
+
+
+def _search_gradient(best, q, sigma, t, delta, rdp, d_rdp, wanted):
+  """d ε / d(q, σ, T, δ) at the order ``best`` from T·RDP per phase there and its derivatives
+  along the ``wanted`` directions (as :func:`jaxrdp.accounting.envelope._epsilon_gradient`):
+  zero where no order is usable, NaN where a value was not certified."""
+  usable = jnp.isfinite(best) & (best > 1)
+  alpha = jnp.where(usable, best, 2.0)
+  d_rdp = iter(d_rdp)
+  zero = jnp.zeros_like(q)
+  d_q, d_sigma = (next(d_rdp) if w else zero for w in wanted[:2])
+  d_total, d_delta = jax.grad(lambda r, d: epsilon_at_orders(alpha[None], r, d)[0],
+                              argnums=(0, 1))(jnp.sum(rdp), delta)
+  live = t > 0
+  per_phase = lambda v: jnp.where(live, d_total * v, 0.0)
+  grads = (per_phase(d_q), per_phase(d_sigma),
+           per_phase(rdp / jnp.where(live, t, 1.0)), d_delta)
+  certified = jnp.all(jnp.isfinite(rdp) | ~live)
+  return tuple(jnp.where(usable, jnp.where(certified, g, jnp.nan), 0.0) for g in grads)
 
 
 def _concrete_epsilon(q, sigma, t, delta, grid, refine_order):

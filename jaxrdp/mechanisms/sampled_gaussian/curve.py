@@ -236,11 +236,16 @@ def _log_j_orders(q, sigma, alphas, groups, fallback):
   return _quadrature_kernel(groups, fallback)(q, sigma, alphas)
 
 
-@_log_j_orders.defjvp
 def _log_j_orders_jvp(groups, fallback, primals, tangents):
+  zero = [isinstance(d, jax.custom_derivatives.SymbolicZero) for d in tangents]
+  given = tuple(None if z else d for z, d in zip(zero, tangents))
+  tangents = tuple(jnp.zeros_like(p) if z else d for p, d, z in zip(primals, tangents, zero))
   if not fallback or sum(len(g) for g in groups) == primals[2].shape[-1]:
     # Value and tangent on the shared nodes, in one pass (what is left open stays +inf): the
-    # per-order kernel's derivative is not in the graph.
+    # per-order kernel's derivative is not in the graph. With the orders held fixed, on the
+    # nested grids (refined only where needed); else on one grid with the orders' tangent.
+    if zero[2]:
+      return _shared_tangents(*primals, groups, given)
     return _shared_tangents(*primals, groups, tangents)
   # With the fallback, value and derivatives from the per-order kernel, which accumulates
   # the derivatives on its own nodes.
@@ -249,6 +254,9 @@ def _log_j_orders_jvp(groups, fallback, primals, tangents):
                      for v in (vs[0][:, None], vs[1][:, None], vs[2])]
   value, tangent = jax.jvp(_log_j, flat(primals), flat(tangents))
   return value.reshape(n, m), tangent.reshape(n, m)
+
+
+_log_j_orders.defjvp(_log_j_orders_jvp, symbolic_zeros=True)
 
 
 def log_a_and_rdp_at_orders(q, sigma, orders, split=None, tables=None, fallback=True):

@@ -51,11 +51,35 @@ def _shared_tangents(q, sigma, alphas, groups, tangents):
   grouped = np.zeros(alphas.shape[-1], bool)
   for g in groups:
     grouped[list(g)] = True
+  if tangents[2] is None:   # the orders held fixed: the nested grids, the derivative with them
+    return _partials_times_tangents(q, sigma, alphas, groups, tangents[:2])
   run = lambda intervals: _shared_values(q, sigma, alphas, groups, tangents, intervals)
   if not groups:
     return run(_SHARED_INTERVALS)
   return _on_finer_grid_where_open(run, lambda log_j: ~jnp.isfinite(log_j[:, grouped]),
                                    q.shape[0] * int(grouped.sum()))
+
+
+def _partials_times_tangents(q, sigma, alphas, groups, tangents):
+  """(log J, its tangent) as :func:`_shared_values` on the nested grids, the tangent along
+  ``tangents`` (dq, dsigma; None: zero) formed outside the loop from the partial derivatives
+  the loop takes along constant directions (one copy of the rows per direction given): the
+  result is linear in the tangents and the values do not depend on them, so that reverse mode
+  can transpose it and a ``jax.vmap`` over tangents (``jax.jacfwd``) leaves the loop
+  unbatched."""
+  n = q.shape[0]
+  given = [(i, d) for i, d in enumerate(tangents) if d is not None]
+  if not given:
+    log_j = _shared_values(q, sigma, alphas, groups)
+    return log_j, jnp.zeros_like(log_j)
+  k = len(given)
+  stack = lambda v: jnp.concatenate([v] * k) if k > 1 else v
+  unit = lambda i: jnp.concatenate([jnp.full((n,), float(i == j), q.dtype) for j, _ in given])
+  per_pair = alphas if alphas.ndim == 1 else stack(alphas)
+  log_j, partials = _shared_values(stack(q), stack(sigma), per_pair, groups,
+                                   (unit(0), unit(1), None))
+  partials = partials.reshape((k, n) + partials.shape[1:])
+  return log_j[:n], sum(p * d[:, None] for p, (_, d) in zip(partials, given))
 
 
 def rdp_tangent_at_order(q, sigma, alpha, dq, dsigma):
@@ -116,9 +140,10 @@ def _rdp_with_tangent(q, sigma, alpha, log_j, d_log_j, dq, dsigma, generic):
 
 def _shared_values(q, sigma, alphas, groups, tangents=None, intervals=_SHARED_INTERVALS):
   """log J (n, m) of the orders of ``groups`` (static tuples of positions into ``alphas``: (m,),
-  or (n, m) for each pair's own orders) on shared nodes (:func:`_log_j_levels`), +inf at every other order; with ``tangents`` (of
-  q, sigma (n,), alphas) values and tangents on one grid of 129 nodes (:func:`_log_j_shared`;
-  tangents 0 where not certified)."""
+  or (n, m) for each pair's own orders) on shared nodes (:func:`_log_j_levels`), +inf at every
+  other order; with ``tangents`` (of q, sigma (n,), alphas) values and tangents: on the same
+  nested grids where the orders' tangent is None (held fixed), else on one grid of
+  ``intervals`` + 1 nodes (:func:`_log_j_shared`); tangents 0 where not certified."""
   n, m = q.shape[0], alphas.shape[-1]
   log_j = jnp.full((n, m), jnp.inf, q.dtype)
   if not groups:
@@ -134,10 +159,16 @@ def _shared_values(q, sigma, alphas, groups, tangents=None, intervals=_SHARED_IN
     rows = (jnp.tile(grouped, (n, 1)) if a_.ndim == 1
             else grouped.reshape((n * n_groups,) + grouped.shape[2:]))
     return jnp.repeat(q_, n_groups), jnp.repeat(s_, n_groups), rows
-  if tangents is None:
+  if tangents is None or tangents[2] is None:   # the nested grids (with (dq, dsigma))
     blocks = -(-(n * n_groups) // _level_block_rows(width))   # equal blocks: little padding
-    shared = (_in_row_blocks(lambda xs: _log_j_levels(*xs), -(-(n * n_groups) // blocks),
-                             *as_rows(q, sigma, lax.stop_gradient(alphas), _order_block)),)
+    rows = as_rows(q, sigma, lax.stop_gradient(alphas), _order_block)
+    if tangents is None:
+      kernel, extra = (lambda xs: _log_j_levels(*xs)), ()
+    else:
+      dq, ds = (jnp.repeat(d, n_groups) for d in tangents[:2])
+      kernel, extra = (lambda xs: _log_j_levels(*xs[:3], xs[3:])), (dq, ds)
+    shared = _in_row_blocks(kernel, -(-(n * n_groups) // blocks), *rows, *extra)
+    shared = shared if isinstance(shared, tuple) else (shared,)
   else:
     rows = max(1, _SHARED_ELEMENTS // (width * (intervals + 1)))
     shared = _in_row_blocks(lambda xs: _log_j_shared(*xs[:3], xs[3:], intervals), rows,
