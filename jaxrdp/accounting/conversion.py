@@ -221,3 +221,10 @@ def _delta_and_order(orders, rdp, eps, method):
   # Rounding allowance of log(delta) itself (absolute, in units of eps times its size).
   best = best + _OUTPUT_ULPS * jnp.finfo(best.dtype).eps * (1 + jnp.abs(jnp.where(jnp.isfinite(best), best, 0.0)))
   return jnp.where(bad, jnp.nan, jnp.minimum(jnp.exp(best), 1.0)), jnp.where(bad, jnp.nan, order)
+
+
+def composed_epsilons(orders, rdp, delta):
+  """ε at each of ``orders`` of the RDP summed over the leading (phase) axis of ``rdp``, NaN
+  as +inf (no information: a search skips it)."""
+  eps = epsilon_at_orders(orders, jnp.sum(rdp, axis=0), delta)
+  return jnp.where(jnp.isnan(eps), jnp.inf, eps)

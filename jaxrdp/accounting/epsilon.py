@@ -23,8 +23,8 @@ grid's rows first (:func:`_grid_search`; the exact sums are evaluated once, befo
 same orders in the same rows, so the same ε. Long schedules (more than 64
 phases), traced or not, evaluate each phase only at the grid orders that bounds from the
 phases binned by σ leave in play or, refining, in two windows of 8 orders placed by a
-stand-in schedule and a model of log R (:func:`_binned_search`, :func:`_windowed_search`: one
-program with static shapes). Calibrations (:mod:`jaxrdp.accounting.calibration`) run
+stand-in schedule and a model of log R (:mod:`jaxrdp.accounting.long_schedules`: one program
+with static shapes). Calibrations (:mod:`jaxrdp.accounting.calibration`) run
 their safe-side search on the full evaluation, and the envelope gradient is taken at the one
 optimal order: through its own split for concrete values, and for traced ones (up to 64
 phases) in the search's own loop, whose rows then carry the derivative
@@ -55,6 +55,9 @@ from jaxrdp.accounting import order_search
 from jaxrdp.accounting import pld
 from jaxrdp.accounting.order_search import grid_epsilon
 from jaxrdp.accounting.conversion import epsilon_at_orders
+from jaxrdp.accounting.conversion import composed_epsilons as _composed_epsilons
+from jaxrdp.accounting.long_schedules import (_BINNED_PHASES, _WINDOW_REFINE_STEPS,
+                                              _binned_search)
 from jaxrdp.accounting.envelope import (_concrete_split, _contract, _envelope,
                                         _epsilon_gradient, _prepare_gradient)
 from jaxrdp.accounting.orders import DEFAULT_ORDERS
@@ -506,207 +509,6 @@ def _concrete_epsilon(q, sigma, t, delta, grid, refine_order):
   return validation.to_device(eps), validation.to_device(best)
 
 
-_BOUND_BINS = 64   # bins of phases whose bounds decide which grid orders a long schedule needs
-_BINNED_PHASES = _BOUND_BINS   # schedules with more phases: _binned_search
-_WINDOW = 16       # orders per step of _binned_search's grid search (one group of shared nodes)
-_WINDOW_REFINE_STEPS = 2   # windows of _PROBES orders with the best inside (_windowed_search)
-_MAX_WALK = 6      # other windows at most (_windowed_search)
-_PROBES = 8        # orders per window of _windowed_search (one group of shared nodes)
-_SHRINK = 8        # a window's spacing: its neighbours' half distance over this
-
-
-def _phase_bins(q, sigma, t):
-  """(q, σ, T) of 2 * _BOUND_BINS pairs: the phases sorted by σ and cut into _BOUND_BINS equal
-  bins (static sizes), each bin's steps at (its largest q, its smallest σ), then at (its
-  smallest q, its largest σ). RDP is non-decreasing in q and non-increasing in σ (Mironov,
-  Talwar, Zhang 2019), so the first half bounds the schedule's RDP from above at every
-  order and the second from below. Phases with no steps take no part; a bin without steps
-  is a neutral pair (q = 1/2, σ = 1, no steps). Then a representative of each bin (below)."""
-  p, bins = q.shape[0], _BOUND_BINS
-  size = -(-p // bins)
-  order = jnp.argsort(sigma, stable=True)
-  pad = lambda v, fill: jnp.concatenate([v[order], jnp.full((size * bins - p,), fill, v.dtype)])
-  qs, ss, ts = (pad(v, f).reshape(bins, size) for v, f in ((q, 0.0), (sigma, 1.0), (t, 0.0)))
-  live = ts > 0
-  extreme = lambda v, fn, fill: fn(jnp.where(live, v, fill), axis=1)
-  steps = jnp.sum(ts, axis=1)
-  empty = steps == 0
-  neutral = lambda v, fill: jnp.where(empty, fill, v)
-  # A third pair per bin stands for it in _windowed_search's estimate of the optimal order:
-  # the steps' root mean square q (RDP grows as q^2 for small q) and mean σ.
-  mean = lambda v: jnp.sum(jnp.where(live, ts * v, 0.0), axis=1) / jnp.where(empty, 1.0, steps)
-  q_pairs = jnp.concatenate([neutral(extreme(qs, jnp.max, 0.0), 0.5),
-                             neutral(extreme(qs, jnp.min, 1.0), 0.5),
-                             neutral(jnp.sqrt(mean(qs * qs)), 0.5)])
-  s_pairs = jnp.concatenate([neutral(extreme(ss, jnp.min, jnp.inf), 1.0),
-                             neutral(extreme(ss, jnp.max, 0.0), 1.0), neutral(mean(ss), 1.0)])
-  return q_pairs, s_pairs, jnp.concatenate([steps, steps, steps])
-
-
-@functools.partial(compilation.jit, static_argnames=("split", "refine_steps"))
-def _binned_search(q, sigma, t, delta, grid, split, tables, refine_steps):
-  """(ε, its order) of a long traced schedule on a concrete grid, in static shapes.
-
-  The bounds of :func:`_phase_bins` give an upper and a lower bound of ε at every grid order
-  (one evaluation of the grid for 2 * _BOUND_BINS pairs). Then one loop, each step evaluating
-  every phase at _WINDOW orders (one group of shared nodes; a value it cannot certify is
-  +inf, never smaller): first the grid orders whose lower bound is below the best ε found,
-  _WINDOW at a time, smallest bound first (usually one step: they lie around the optimum),
-  then ``refine_steps`` steps of _WINDOW equally spaced orders inside the bracket of the best
-  order (:mod:`jaxrdp.accounting.order_search`'s rules). Every order left out has a lower
-  bound at least the ε returned, and every ε returned is ε at an evaluated order. With
-  ``refine_steps`` > 0 the search is :func:`_windowed_search` instead (a third pair per bin
-  stands for its phases; no bounds)."""
-  k = grid.shape[0]
-  grid = jnp.asarray(grid)
-  bq, bs, bt = _phase_bins(q, sigma, t)
-  if refine_steps:   # the stand-ins at the grid: where the windows start
-    bq, bs, bt = (v[2 * _BOUND_BINS:] for v in (bq, bs, bt))
-    rdp = composition.rdp_of_steps(bq, bs, bt, grid, split, tables, fallback=False)[0]
-    return _windowed_search(q, sigma, t, delta, grid, jnp.sum(rdp, axis=0), refine_steps)
-  rdp, pending = composition.rdp_of_steps(bq[:2 * _BOUND_BINS], bs[:2 * _BOUND_BINS],
-                                          bt[:2 * _BOUND_BINS], grid, split, tables,
-                                          fallback=False)
-  half = _BOUND_BINS
-  lower = _composed_epsilons(grid, jnp.where(pending[half:], 0.0, rdp[half:]), delta)
-  usable = jnp.isfinite(grid) & (grid > 1)
-  window = sampled_gaussian.OrderSplit(None, (tuple(range(_WINDOW)),))
-  big = jnp.finfo(grid.dtype).max
-
-  def body(state):
-    best, alpha, lo, hi, known, refined = state
-    candidates = ~known & usable & (lower < best)
-    searching = jnp.any(candidates)
-    key = jnp.where(candidates, jnp.clip(lower, -big, big), jnp.inf)
-    pick = jnp.sort(lax.top_k(-key, _WINDOW)[1])   # the grid ascends: so do the orders
-    inside = order_search.refinement_orders(lo, hi, count=_WINDOW)
-    orders = jnp.where(searching, grid[pick], inside)
-    r = composition.rdp_of_steps(q, sigma, t, orders, window, None, fallback=False)[0]
-    eps = _composed_epsilons(orders, r, delta)
-    eps = jnp.where(searching & ~candidates[pick], jnp.inf, eps)   # fillers of the last window
-    j = jnp.argmin(eps)
-    better = eps[j] < best
-    best, alpha = jnp.where(better, eps[j], best), jnp.where(better, orders[j], alpha)
-    start = order_search.bracket_of(grid, usable, alpha)
-    new = order_search.refined_bracket(lo, hi, inside, eps)
-    lo, hi = (jnp.where(searching, a, b) for a, b in zip(start, new))
-    known = known | (searching & jnp.zeros_like(known).at[pick].set(True))
-    return best, alpha, lo, hi, known, refined + (~searching).astype(jnp.int32)
-
-  def cond(state):
-    best, alpha, _, _, known, refined = state
-    searching = jnp.any(~known & usable & (lower < best))
-    refinable = jnp.isfinite(best) & jnp.isfinite(alpha) & (alpha > 1)
-    return searching | ((refined < refine_steps) & refinable)
-
-  one = jnp.ones((), grid.dtype)
-  state = (jnp.inf * one, jnp.nan * one, one, one, ~usable, jnp.zeros((), jnp.int32))
-  best, alpha, *_ = loops.while_loop(cond, body, state, batched_as=(q, sigma, t, delta))
-  eps = jnp.where(validation.in_domain("delta", delta), best, jnp.nan)
-  found = jnp.isfinite(alpha) & (alpha > 1) & jnp.isfinite(best)
-  return eps, jnp.where(found, alpha, jnp.nan)
-
-
-def _parabola_vertex(x, f):
-  """The vertex of the parabola through (x, f) (three points each, last axis), and whether it
-  is a minimum between the outer two (x ascending, the middle value the smallest, finite)."""
-  (x0, x1, x2), (f0, f1, f2) = (jnp.moveaxis(v, -1, 0) for v in (x, f))
-  a, b = (x1 - x0) * (f1 - f2), (x1 - x2) * (f1 - f0)
-  den = a - b
-  ok = jnp.all(jnp.isfinite(f), axis=-1) & (den < 0) & (x0 < x1) & (x1 < x2)
-  vertex = x1 - 0.5 * ((x1 - x0) * a - (x1 - x2) * b) / jnp.where(ok, den, -1.0)
-  return jnp.where(ok, jnp.clip(vertex, x0, x2), x1), ok
-
-
-_MODEL_POINTS = 129   # orders at which _model_vertex evaluates its model
-
-
-def _model_vertex(x, r, delta, j):
-  """The order between x[j − 1] and x[j + 1] minimising ε with the composed RDP's logarithm
-  taken as the polynomial through (x, log r) at the five orders around the j-th (x ascending,
-  r the RDP there), and whether that is well defined (0 < j < len(x) − 1, the five orders
-  distinct, r finite and positive). log R is smooth where ε is not: nearly log α + const
-  where the steps are Gaussian-like, nearly linear in α where a small σ makes R grow as
-  e^{α/σ²}, while the conversion's −log δ/(α − 1) dominates ε's curvature at small orders; so
-  this places the optimum far closer than a parabola through ε itself. ε of the model on
-  _MODEL_POINTS orders, then the parabola through its smallest value and the neighbours."""
-  n = x.shape[0]
-  at = jnp.clip(j - 2, 0, n - 5) + jnp.arange(5)
-  xs, log_r = x[at], jnp.log(jnp.where(r[at] > 0, r[at], 1.0))
-  ok = ((j > 0) & (j < n - 1) & jnp.all(jnp.isfinite(r[at]) & (r[at] > 0))
-        & jnp.all(xs[1:] > xs[:-1]))
-  lo, hi = x[jnp.maximum(j - 1, 0)], x[jnp.minimum(j + 1, n - 1)]
-  a = lo + (hi - lo) * jnp.linspace(0.0, 1.0, _MODEL_POINTS, dtype=x.dtype)
-  model = 0.0
-  for i in range(5):   # Lagrange's form
-    others = [m for m in range(5) if m != i]
-    weight = jnp.prod(jnp.stack([xs[i] - xs[m] for m in others]))
-    term = jnp.prod(jnp.stack([a - xs[m] for m in others]), axis=0)
-    model = model + term * jnp.where(ok, log_r[i] / jnp.where(ok, weight, 1.0), 0.0)
-  eps = epsilon_at_orders(a, jnp.exp(model), delta)
-  m = jnp.clip(jnp.argmin(jnp.where(jnp.isnan(eps), jnp.inf, eps)), 1, _MODEL_POINTS - 2)
-  around = m + jnp.arange(-1, 2)
-  vertex, _ = _parabola_vertex(a[around], eps[around])
-  return jnp.where(ok, vertex, x[j]), ok
-
-
-def _windowed_search(q, sigma, t, delta, grid, standin, windows):
-  """(ε, its order) of a long schedule, refined continuously in windows of _PROBES orders
-  each, every window one evaluation of every phase (one group of shared nodes).
-
-  ``standin``: the composed RDP at the (ascending) grid orders of a schedule that stands for
-  this one (a representative of each bin of :func:`_phase_bins`). Its optimum, found on the
-  grid and placed between the grid orders by :func:`_model_vertex`, centres the first
-  window, whose orders are the centre plus −3..4 spacings of a quarter of the grid's local
-  spacing. While the best order of a window lies at its edge, the next is centred on that
-  order with twice the spacing (at most _MAX_WALK such windows); otherwise on the optimum of
-  the model through the five orders around the best one, with the spacing over _SHRINK (its
-  last slot: the grid order nearest the centre); until ``windows`` windows had their best
-  order inside (usually the first two). The
-  result is the smallest ε at an evaluated order: a valid bound whatever the stand-in. With ε
-  unimodal in α around the optimum, the grid's smallest value lies at one of the grid
-  neighbours of the optimal order, and the result is below both to within the windows'
-  resolution (measured: within 1e-9 of the full grid search's refined ε and never above the
-  grid's minimum, tests/test_accounting.py, tests/test_traced_path.py)."""
-  dtype = grid.dtype
-  usable = jnp.isfinite(grid) & (grid > 1)
-  estimate = _composed_epsilons(grid, standin[None], delta)
-  masked = jnp.where(usable & ~jnp.isnan(estimate), estimate, jnp.inf)
-  # The usable orders' range (a grid ascends; orders at most 1 and NaN are not usable).
-  low = jnp.min(jnp.where(usable, grid, jnp.inf))
-  high = jnp.max(jnp.where(usable, grid, -jnp.inf))
-  offsets = np.arange(_PROBES) - 3
-  probes = sampled_gaussian.OrderSplit(None, (tuple(range(_PROBES)),))
-
-  def body(state):
-    best, alpha, centre, spacing, step, placed = state
-    orders = jnp.clip(centre + offsets.astype(dtype) * spacing, low, high)
-    nearest = grid[jnp.argmin(jnp.where(usable, jnp.abs(grid - centre), jnp.inf))]
-    orders = jnp.sort(jnp.where((placed > 0) & (offsets == _PROBES - 4), nearest, orders))
-    r = composition.rdp_of_steps(q, sigma, t, orders, probes, None, fallback=False)[0]
-    eps = _composed_epsilons(orders, r, delta)
-    j = jnp.argmin(eps)
-    better = eps[j] < best
-    best, alpha = jnp.where(better, eps[j], best), jnp.where(better, orders[j], alpha)
-    vertex, ok = _model_vertex(orders, jnp.sum(r, axis=0), delta, j)
-    ok = ok & jnp.isfinite(eps[j])
-    centre = jnp.where(ok, vertex, orders[j])
-    spacing = jnp.where(ok, spacing / _SHRINK, 2 * spacing)
-    return best, alpha, centre, spacing, step + 1, placed + ok.astype(jnp.int32)
-
-  one, zero = jnp.ones((), dtype), jnp.zeros((), jnp.int32)
-  i = jnp.argmin(masked)
-  centre, _ = _model_vertex(grid, standin, delta, i)
-  lo, hi = order_search.bracket_of(grid, usable, grid[i])
-  state = (jnp.inf * one, jnp.nan * one, centre, (hi - lo) / 8, zero, zero)
-  # ``windows`` windows with the best order inside (at most _MAX_WALK others).
-  best, alpha, *_ = loops.while_loop(lambda s: (s[-1] < windows) & (s[-2] < windows + _MAX_WALK),
-                                     body, state, batched_as=(q, sigma, t, delta))
-  eps = jnp.where(validation.in_domain("delta", delta), best, jnp.nan)
-  found = jnp.isfinite(alpha) & (alpha > 1) & jnp.isfinite(best)
-  return eps, jnp.where(found, alpha, jnp.nan)
-
-
 def _concrete_epsilons(q, sigma, t, delta, orders, split, tables):
   """ε (NaN as +inf) at each of the concrete ``orders`` for the schedule: one compiled program
   without the per-order quadrature (:func:`_grid_evaluation`); what it leaves open (rare) is
@@ -718,11 +520,6 @@ def _concrete_epsilons(q, sigma, t, delta, orders, split, tables):
     rdp = sampled_gaussian.fill_pending(rdp, pending, q, sigma, orders, t)
     eps = jax.jit(_composed_epsilons)(orders, rdp, delta)
   return np.asarray(eps)
-
-
-def _composed_epsilons(orders, rdp, delta):
-  eps = epsilon_at_orders(orders, jnp.sum(rdp, axis=0), delta)
-  return jnp.where(jnp.isnan(eps), jnp.inf, eps)
 
 
 @functools.partial(compilation.jit, static_argnames=("split",), work=_work)
