@@ -83,12 +83,24 @@ def _epsilon_gradient(best, q, sigma, t, delta, wanted=(True,) * 4):
                                                                 *tangent)
   rdp, d_rdp = rdp[:n], iter(d_rdp.reshape(len(directions), n))
   d_q, d_sigma = (next(d_rdp) if w else zero for w in wanted[:2])
+  return _masked(usable, jnp.all(certified | (stack(t) == 0)),
+                 _chain(alpha, t, delta, rdp, d_q, d_sigma))
+
+
+def _chain(alpha, t, delta, rdp, d_q, d_sigma):
+  """d ε / d(q, σ, T, δ) at the order ``alpha`` from each phase's RDP per step there and its
+  partial derivatives per step: the chain rule through Σ_i T_i RDP_i and the conversion
+  (a phase without steps adds nothing)."""
   total = jnp.sum(jnp.where(t == 0, 0.0, t * rdp))
-  d_total, d_delta = jax.grad(lambda r, d: epsilon_at_orders(alpha[None], r, d)[0],
+  d_total, d_delta = jax.grad(lambda r, d: epsilon_at_orders(jnp.reshape(alpha, (1,)), r, d)[0],
                               argnums=(0, 1))(total, delta)
   per_phase = lambda v: jnp.where(t == 0, 0.0, d_total * v)
-  grads = (per_phase(t * d_q), per_phase(t * d_sigma), per_phase(rdp), d_delta)
-  certified = jnp.all(certified | (stack(t) == 0))
+  return per_phase(t * d_q), per_phase(t * d_sigma), per_phase(rdp), d_delta
+
+
+def _masked(usable, certified, grads):
+  """The gradients where an order is usable and every value at it certified; 0 where no order
+  is usable, NaN where a value is not certified."""
   return tuple(jnp.where(usable, jnp.where(certified, g, jnp.nan), 0.0) for g in grads)
 
 
@@ -162,10 +174,7 @@ def _gradient_at(alpha, q, sigma, t, delta, tables, fallback, split, wanted=(Tru
     (rdp, is_open), d_rdp = rdp_of(q, sigma), []
   d_rdp = iter(d_rdp)
   d_q, d_sigma = (next(d_rdp) if w else zero for w in wanted[:2])
-  total = jnp.sum(jnp.where(t == 0, 0.0, t * rdp))
-  d_total, d_delta = jax.grad(lambda r, d: epsilon_at_orders(alpha, r, d)[0], argnums=(0, 1))(total, delta)
-  per_phase = lambda v: jnp.where(t == 0, 0.0, d_total * v)
-  return (per_phase(t * d_q), per_phase(t * d_sigma), per_phase(rdp), d_delta), is_open
+  return _chain(alpha, t, delta, rdp, d_q, d_sigma), is_open
 
 
 def _first_without_fallback(fn, *args):

@@ -58,8 +58,8 @@ from jaxrdp.accounting.conversion import epsilon_at_orders
 from jaxrdp.accounting.conversion import composed_epsilons as _composed_epsilons
 from jaxrdp.accounting.long_schedules import (_BINNED_PHASES, _WINDOW_REFINE_STEPS,
                                               _binned_search)
-from jaxrdp.accounting.envelope import (_concrete_split, _contract, _envelope,
-                                        _epsilon_gradient, _prepare_gradient)
+from jaxrdp.accounting.envelope import (_chain, _concrete_split, _contract, _envelope,
+                                        _epsilon_gradient, _masked, _prepare_gradient)
 from jaxrdp.accounting.orders import DEFAULT_ORDERS
 
 REFINE_STEPS = 6   # the branch and bound's refinement steps of order_search.BATCH = 8 orders
@@ -463,18 +463,13 @@ def _search_gradient(best, q, sigma, t, delta, rdp, d_rdp, wanted):
   along the ``wanted`` directions (as :func:`jaxrdp.accounting.envelope._epsilon_gradient`):
   zero where no order is usable, NaN where a value was not certified."""
   usable = jnp.isfinite(best) & (best > 1)
-  alpha = jnp.where(usable, best, 2.0)
+  live = t > 0
+  per_step = lambda v: jnp.where(live, v / jnp.where(live, t, 1.0), 0.0)
   d_rdp = iter(d_rdp)
   zero = jnp.zeros_like(q)
-  d_q, d_sigma = (next(d_rdp) if w else zero for w in wanted[:2])
-  d_total, d_delta = jax.grad(lambda r, d: epsilon_at_orders(alpha[None], r, d)[0],
-                              argnums=(0, 1))(jnp.sum(rdp), delta)
-  live = t > 0
-  per_phase = lambda v: jnp.where(live, d_total * v, 0.0)
-  grads = (per_phase(d_q), per_phase(d_sigma),
-           per_phase(rdp / jnp.where(live, t, 1.0)), d_delta)
-  certified = jnp.all(jnp.isfinite(rdp) | ~live)
-  return tuple(jnp.where(usable, jnp.where(certified, g, jnp.nan), 0.0) for g in grads)
+  d_q, d_sigma = (per_step(next(d_rdp)) if w else zero for w in wanted[:2])
+  return _masked(usable, jnp.all(jnp.isfinite(rdp) | ~live),
+                 _chain(jnp.where(usable, best, 2.0), t, delta, per_step(rdp), d_q, d_sigma))
 
 
 def _concrete_epsilon(q, sigma, t, delta, grid, refine_order):
