@@ -6,7 +6,8 @@ What it measures (float64, loss grid interval Δ = 1e-4 for both, one process un
    (0.001, 0.8, 30,000, 1e-8), (0.01, 1.0, 50,000, 1e-6):
 
    * jaxrdp jitted: ``f = jax.jit(lambda q, s, t, d: pld_epsilon(q, s, t, d, pld_grid=g))``
-     with ``g = pld_grid(q, σ, T)`` made once; its trace + lowering and its compilation are
+     with ``g = pld_grid(q, σ, T, delta=δ)`` made once (the grid sized for reading ε at δ,
+     the one ``pld_epsilon`` sizes for itself); its trace + lowering and its compilation are
      timed apart (``f.lower(...)``, ``.compile()``), then one warm-up call, then
      ``f(...).block_until_ready()`` per repeat;
    * jaxrdp eager: ``pld_epsilon(q, σ, T, δ)`` from its second call on (host-side grid sizing,
@@ -26,7 +27,7 @@ What it measures (float64, loss grid interval Δ = 1e-4 for both, one process un
 
 3. **Phased schedule**: ``--phases`` phases (default 100) of ``--steps-per-phase`` steps
    (default 100), σ linear from 0.8 to 1.6, q = 0.01, δ = 1e-5. jaxrdp jitted with a grid for
-   the schedule (pld_grid's host time printed apart) vs dp_accounting composing the phases'
+   the schedule and δ (pld_grid's host time printed apart) vs dp_accounting composing the phases'
    events one by one (``--dp-repeats`` runs, default 1: about 45 s each on 2 CPU cores).
 
 4. **Sweep** (where ``jax.default_backend() == "gpu"``; skipped on CPU unless ``--sweep-size``
@@ -159,7 +160,7 @@ def bench_warm(args, figures):
         f"{INTERVAL:g}, medians of {args.repeats}")
   for q, sigma, steps, delta in CONFIGS:
     name = f"q={q:g} sigma={sigma:g} T={steps:,} delta={delta:g}"
-    grid, grid_s = _timed(lambda: pld.pld_grid(q, sigma, steps, interval=INTERVAL))
+    grid, grid_s = _timed(lambda: pld.pld_grid(q, sigma, steps, interval=INTERVAL, delta=delta))
     f = _jitted(grid)
     lower_s, compile_s = _aot(f, q, sigma, steps, delta)
     eps_jit, first_s = _timed(lambda: f(q, sigma, steps, delta))
@@ -242,7 +243,7 @@ def bench_phased(args, figures):
   qs, steps = np.full(n, q), np.full(n, float(per))
   print(f"\n== 3. phased schedule: {n} phases x {per} steps, sigma 0.8 -> 1.6, q = {q}, "
         f"delta = {delta:g}; jaxrdp medians of {args.repeats}, dp_accounting of {args.dp_repeats}")
-  grid, grid_s = _timed(lambda: pld.pld_grid(qs, sigmas, steps, interval=INTERVAL))
+  grid, grid_s = _timed(lambda: pld.pld_grid(qs, sigmas, steps, interval=INTERVAL, delta=delta))
   f = _jitted(grid)
   lower_s, compile_s = _aot(f, qs, sigmas, steps, delta)
   eps_jit, first_s = _timed(lambda: f(qs, sigmas, steps, delta))
@@ -308,7 +309,7 @@ def bench_sweep(args, figures):
   q_axis, s_axis = np.geomspace(1e-3, 1e-2, n_q), np.linspace(0.8, 2.0, n_s)
   qq, ss = (a.ravel() for a in np.meshgrid(q_axis, s_axis, indexing="ij"))
   total = qq.size
-  corners = [pld.pld_grid(q, s, steps, interval=INTERVAL)
+  corners = [pld.pld_grid(q, s, steps, interval=INTERVAL, delta=delta)
              for q in (q_axis[0], q_axis[-1]) for s in (s_axis[0], s_axis[-1])]
   grid = pld.PldGrid(INTERVAL, max(g.pmf_bins for g in corners), max(g.bins for g in corners),
                      corners[0].tail_mass)

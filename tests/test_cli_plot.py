@@ -66,7 +66,7 @@ def test_pld_values_equal_pld_epsilon_at_the_same_steps(tmp_path, capsys):
   steps, eps = _curve(rows)
   assert steps.tolist() == [25, 50, 75, 100] and {r["accountant"] for r in rows} == {"pld"}
   # One grid for every point, sized for the last: the values are pld_epsilon's on that grid ...
-  grid = jaxrdp.pld_grid(Q, SIGMA, 100.0)
+  grid = jaxrdp.pld_grid(Q, SIGMA, 100.0, delta=DELTA)
   on_grid = [float(jaxrdp.pld_epsilon(Q, SIGMA, float(t), DELTA, pld_grid=grid)) for t in steps]
   np.testing.assert_allclose(eps, on_grid, rtol=1e-9)
   # ... at the last point the grid pld_epsilon sizes itself, and within the discretisation's

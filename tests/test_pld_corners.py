@@ -20,6 +20,7 @@ import pytest
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 import jaxrdp
+from jaxrdp.accounting import pld
 
 
 def _dp_accounting(q, sigma, steps, delta, interval):
@@ -46,6 +47,45 @@ def test_coarse_interval_gives_dp_accountings_pessimistic_epsilon(q, sigma, step
   assert eps == pytest.approx(_dp_accounting(q, sigma, steps, 1e-5, interval), rel=1e-9)
   if q == 1.0:
     assert eps >= _exact_gaussian(sigma, steps, 1e-5)
+
+
+def _exact_gaussian_delta(sigma, steps, eps):
+  from scipy.stats import norm
+  mu = math.sqrt(steps) / sigma
+  return norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * norm.cdf(-eps / mu - mu / 2)
+
+
+@pytest.mark.parametrize("bins", [4096, 16384])
+def test_delta_below_a_narrow_windows_start_is_never_below_the_exact_delta(bins):
+  # q = 1, σ = 2, T = 100: the composed loss is N(12.5, 25). On a hand-made grid of 4 or 16
+  # nats (a PldGrid is documented to give a valid bound whatever its size), δ(ε) at ε below
+  # the window's start was once 0.53-0.55 against 0.62-0.99: the mass between ε and the start
+  # wrapped onto the top, its weight scaled by e^{-λW}. The window now starts at ε.
+  grid = jaxrdp.pld_grid(1.0, 2.0, 100, interval=1e-3)
+  narrow = jaxrdp.PldGrid(grid.interval, grid.pmf_bins, bins, grid.tail_mass)
+  for eps in (0.0, 2.0, 5.0, 10.0):
+    exact = _exact_gaussian_delta(2.0, 100, eps)
+    assert float(jaxrdp.pld_delta(1.0, 2.0, 100, eps, pld_grid=narrow)) >= exact, eps
+    assert float(jaxrdp.pld_delta(1.0, 2.0, 100, eps, pld_grid=grid)) >= exact, eps
+
+
+@pytest.mark.parametrize("q,sigma,steps,delta", [(1.0, 2.0, 100, 1e-5), (0.01, 1.1, 10_000, 1e-5)])
+def test_a_grid_sized_for_delta_is_narrower_with_the_same_epsilon(q, sigma, steps, delta):
+  # The window needs to reach only as far below ε as the tilt at δ needs (pld_grid's delta=,
+  # and pld_epsilon's own sizing): fewer points, the same ε to 1e-7 (the narrower circle's
+  # FFT rounding floor is lower, so ε may come out a little smaller; it stays an upper bound,
+  # tests/test_pld_soundness.py), and never below the exact ε at q = 1.
+  generic = jaxrdp.pld_grid(q, sigma, steps, interval=1e-3)
+  sized = jaxrdp.pld_grid(q, sigma, steps, interval=1e-3, delta=delta)
+  assert sized.bins <= 0.85 * generic.bins and sized.pmf_bins == generic.pmf_bins
+  eps = [float(jaxrdp.pld_epsilon(q, sigma, steps, delta, pld_grid=g)) for g in (generic, sized)]
+  assert eps[1] == pytest.approx(eps[0], rel=1e-7)
+  if q == 1.0:
+    assert eps[1] >= _exact_gaussian(sigma, steps, delta)
+  # pld_epsilon's own grid (at the default Δ) is the one sized for δ.
+  phases = [np.array([v], np.float64) for v in (q, sigma, steps)]
+  assert pld.grid_of(*phases, None, np.float64(delta)) == jaxrdp.pld_grid(q, sigma, steps,
+                                                                          delta=delta)
 
 
 def test_small_delta_is_never_reported_below_at_the_exact_epsilon():

@@ -66,22 +66,24 @@ def _where(case):
           f"delta={case['delta']!r}, interval={case['interval']!r}")
 
 
-def _pld_epsilon(q, sigma, steps, delta, interval):
-  """(ε, None), or (None, the refusal's message) for a ValueError."""
+def _pld_epsilon(q, sigma, steps, delta, interval, for_delta=False):
+  """(ε, None), or (None, the refusal's message) for a ValueError. ``for_delta``: the grid
+  sized for reading ε at δ (``pld_grid(..., delta=δ)``, as ``pld_epsilon`` sizes its own)."""
   try:
-    grid = jaxrdp.pld_grid(q, sigma, steps, interval=interval)
+    grid = jaxrdp.pld_grid(q, sigma, steps, interval=interval,
+                           delta=delta if for_delta else None)
     return float(jaxrdp.pld_epsilon(q, sigma, steps, delta, pld_grid=grid)), None
   except ValueError as e:
     return None, str(e)
 
 
-def _check(cases):
+def _check(cases, for_delta=False):
   """Evaluates every case; returns (failures, summary). A failure is an answer below the exact
   ε (beyond RTOL) or one that is neither a number ≥ 0 nor +inf (NaN)."""
   failures, looseness, refused, infinite, zero_exact = [], [], [], 0, 0
   for case in cases:
     eps, refusal = _pld_epsilon(case["q"], case["sigma"], case["steps"], case["delta"],
-                                case["interval"])
+                                case["interval"], *((True,) if for_delta else ()))
     exact = case["epsilon_float64"]
     if refusal is not None:
       refused.append(refusal)
@@ -157,15 +159,17 @@ def test_check_fails_an_epsilon_below_the_exact_one(monkeypatch):
 # Soundness against the exact ε.
 
 
-def test_quick_cases_are_never_below_the_exact_epsilon():
-  failures, summary = _check([c for c in CASES if c["quick"]])
+@pytest.mark.parametrize("for_delta", [False, True], ids=["grid", "grid_for_delta"])
+def test_quick_cases_are_never_below_the_exact_epsilon(for_delta):
+  failures, summary = _check([c for c in CASES if c["quick"]], for_delta)
   print(summary)
   assert not failures, "\n".join(failures)
 
 
 @pytest.mark.slow   # 422 cases, one compiled program per grid, grids up to MAX_BINS: ~10-20 min
-def test_all_cases_are_never_below_the_exact_epsilon():
-  failures, summary = _check(CASES)
+@pytest.mark.parametrize("for_delta", [False, True], ids=["grid", "grid_for_delta"])
+def test_all_cases_are_never_below_the_exact_epsilon(for_delta):
+  failures, summary = _check(CASES, for_delta)
   print(summary)
   assert not failures, "\n".join(failures)
 
@@ -197,13 +201,15 @@ def test_sampled_cases_are_never_below_the_prv_accountants_lower_bound():
     if lower is None:      # the reference failed or timed out, not the code under test
       continue
     checked += 1
-    eps, refusal = _pld_epsilon(q, sigma, steps, delta, interval)
-    where = f"q={q}, sigma={sigma}, T={steps}, delta={delta}, interval={interval}"
-    if refusal is None and eps != math.inf:
-      if not eps >= lower:
-        failures.append(f"ε = {eps!r} < PRV lower bound {lower!r}; {where}")
-      elif lower > 0:
-        ratios.append(eps / lower)
+    for for_delta in (False, True):   # the grid for the schedule, and the one sized for δ
+      eps, refusal = _pld_epsilon(q, sigma, steps, delta, interval, for_delta)
+      where = (f"q={q}, sigma={sigma}, T={steps}, delta={delta}, interval={interval}, "
+               f"grid for delta: {for_delta}")
+      if refusal is None and eps != math.inf:
+        if not eps >= lower:
+          failures.append(f"ε = {eps!r} < PRV lower bound {lower!r}; {where}")
+        elif lower > 0:
+          ratios.append(eps / lower)
   print(dict(checked=checked, min_ratio=min(ratios, default=math.nan),
              max_ratio=max(ratios, default=math.nan)))
   assert not failures, "\n".join(failures)

@@ -351,14 +351,15 @@ def _pld_calibration(unknown, target, delta, safe, max_steps=None, **fixed):
   def epsilon(v, grid=None):
     q, sigma, t = pld.checked_phases(*as_schedule(np.float64(v)), "calibration with accountant='pld'")
     return float(pld.pld_epsilon_unchecked(q, sigma, t, np.float64(delta),
-                                           pld.grid_of(q, sigma, t, grid)))
+                                           pld.grid_of(q, sigma, t, grid, np.float64(delta))))
 
   far = safe
   while True:   # the bracket's far end: the first value (steps of 25 %) that misses the target
     nxt = clip(far * outward, limit)
     if unknown == "steps":   # whole counts, at least one more (1.25·far rounds down to far)
       nxt = float(min(max(math.floor(nxt), far + 1), limit))
-    grid = pld.grid_of(*pld.checked_phases(*as_schedule(np.float64(nxt)), "calibration"), None)
+    grid = pld.grid_of(*pld.checked_phases(*as_schedule(np.float64(nxt)), "calibration"), None,
+                       np.float64(delta))
     if nxt == far or epsilon(nxt, grid) > target:
       break
     far = nxt

@@ -70,12 +70,12 @@ def _pld_map(q, sigma, ts, delta, pld_grid):
 
 
 def pld_grid_for(q, sigma, steps, delta):
-  """The grid ``pld_epsilon(q, σ, steps, δ)`` sizes for itself: the default tail mass, or
-  δ/1000 where that is smaller (see :func:`jaxrdp.pld_grid`)."""
+  """The grid ``pld_epsilon(q, σ, steps, δ)`` sizes for itself: for reading ε at δ, with the
+  default tail mass, or δ/1000 where that is smaller (see :func:`jaxrdp.pld_grid`)."""
   with jax.enable_x64(True):
-    fitted = jaxrdp.pld_grid(q, sigma, float(steps))
+    fitted = jaxrdp.pld_grid(q, sigma, float(steps), delta=delta)
     if fitted.tail_mass > 1e-3 * delta:
-      fitted = jaxrdp.pld_grid(q, sigma, float(steps), tail_mass=1e-3 * delta)
+      fitted = jaxrdp.pld_grid(q, sigma, float(steps), tail_mass=1e-3 * delta, delta=delta)
     return fitted
 
 

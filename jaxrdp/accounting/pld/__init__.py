@@ -34,7 +34,12 @@ lies above the composed loss's upper tail: a Chernoff bound, min_λ exp(Σ_i T_i
 with K_i the log-moment-generating function of step i's discretised loss, bounds the mass
 above the window, and that bound is added to the infinite-loss mass (so mass that wrapped
 around from above cannot lower δ). Mass below the window wraps to its top: a larger loss,
-so only a looser δ. Negative values from rounding in the FFT are set to zero.
+so only a looser δ, as long as the window starts at or below the ε that δ is read at (δ(ε)
+moves the window down to ε where needed; ε(δ) read at the window's first point is that point,
+a bound). The window's width is a matter of tightness only: a grid sized for the δ that ε
+will be read at (``pld_grid(..., delta=δ)``, and every grid the accountant sizes itself for
+ε(δ)) reaches only as far below ε as the tilt needs. Negative values from rounding in the FFT
+are set to zero.
 
 ε(δ) and δ(ε): δ(ε) = p_∞ + Σ_k p_k (1 − e^{ε − l_k})₊ is a sum over bins; ε(δ) is its root,
 in closed form on the grid interval that holds it: with S₀ = Σ_{l_k > ε} p_k and

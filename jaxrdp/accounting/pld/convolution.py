@@ -241,8 +241,12 @@ def _composed(q, sigma, t, grid, *, delta=None, epsilon=None):
   point of the tilted composition is raised by the bound of :func:`_spectrum_error` on the
   FFT's rounding, then by the factor Π_i(1 + ρ_i)^{t_i} for the PMFs' own, as the tilt is undone (in logarithms: e^{Σ t_i c_i − λ l} may overflow where nothing is read), so
   the window's masses are never below the exact composition's. Mass the circle wraps onto the
-  window only adds to it (at a larger loss from below, at a smaller one from above the
-  window, whose mass is also counted in p_∞)."""
+  window only adds to it: from above the window at a smaller loss (that mass is also counted
+  in p_∞), from below at a loss W higher, its weight scaled by e^{−λW} (the tilt undone at the
+  wrong place), which δ(ε) does not owe as long as the window starts at or below ε: with
+  ``epsilon`` the window is moved down to start there where it would not; ε(δ) read inside
+  the window lies above its start, and is its start otherwise (a bound,
+  :func:`jaxrdp.accounting.pld.readout._epsilon_of`)."""
   interval, bins = grid.interval, grid.bins
   lam = jnp.asarray(_lambdas(interval), q.dtype)
   # One pass for the window and the tilt, one for the tilted spectra: the step PMFs computed
@@ -258,6 +262,15 @@ def _composed(q, sigma, t, grid, *, delta=None, epsilon=None):
   quantile = jnp.clip(jnp.where(jnp.isnan(quantile), 0.0, quantile), -1e6, 1e6)
   top = jnp.ceil(quantile / interval).astype(jnp.int64)
   first = top - bins + 1
+  if epsilon is not None:
+    # δ(ε) counts the mass above ε: the window starts at or below ε (one point lower against
+    # the rounding of ε/Δ), so that none of it is left below the window, where the circle
+    # would wrap it onto the top at a fraction e^{−λW} of its weight. The top then comes down
+    # with it, and the Chernoff bound on the mass above it (p_∞ below) follows.
+    below = jnp.floor(jnp.clip(jnp.where(jnp.isnan(epsilon), 0.0, epsilon) / interval,
+                               -1e6 / interval, 1e6 / interval)).astype(jnp.int64) - 1
+    first = jnp.minimum(first, below)
+    top = first + bins - 1
   # The circle's point first - offset (mod bins) becomes the window's first: a rotation by
   # s points, i.e. the phase 2πks/n at frequency k, added to the angles (no pass over the
   # points; ks mod n exact in integers, its phase within 2u of 2π, the +8 u below).

@@ -36,11 +36,12 @@ def _fast_size(n: int, multiple: int = 1) -> int:
     m += 1
 
 
-def _host_window(q, sigma, t, tail_mass):
-  """Chernoff quantiles (lower at :data:`_LOWER_TAIL_MASS`, upper at ``tail_mass``) of one
-  schedule's composed loss (phase arrays), both directions, from a quadrature of each step's
-  loss on 1025 points, all phases at once (a size estimate only: the bound used for δ is
-  computed in the graph from the discretised PMFs)."""
+def _host_log_mgf(q, sigma, t):
+  """(λ, K) of one schedule (phase arrays): the composed loss's log-moment-generating function
+  K(λ) = Σ_i T_i log E e^{λ L_i} at λ = ±:data:`_LAMBDAS`, both directions (a leading axis
+  (remove, add)), from a quadrature of each step's loss on 1025 points, all phases at once (a
+  size estimate only: the bounds used for δ are computed in the graph from the discretised
+  PMFs)."""
   lam = np.concatenate([-_LAMBDAS[::-1], _LAMBDAS])
   q, sigma, t = (v[:, None] for v in (q, sigma, t))
   x = -_Z * sigma + (1 + 2 * _Z * sigma) * np.linspace(0.0, 1.0, 1025)      # (P, n)
@@ -50,15 +51,65 @@ def _host_window(q, sigma, t, tail_mass):
   with np.errstate(divide="ignore"):
     log_mix = np.logaddexp(np.log1p(-q) + log_phi0, np.log(q) + log_phi1)
   loss = _log_ratio(x, q, sigma, np)
-  lows, highs = [], []
+  totals = []
   for log_p, l in ((log_mix, loss), (log_phi0, -loss)):     # remove, add
     e = log_p[:, None, :] + lam[None, :, None] * l[:, None, :]    # (P, λ, n)
     top = e.max(axis=-1, keepdims=True)
     k = (top + np.log(np.exp(e - top).sum(axis=-1, keepdims=True)))[..., 0]
-    k_total = np.sum(t * k, axis=0)
-    highs.append(np.min(((k_total - math.log(tail_mass)) / lam)[lam > 0]))
-    lows.append(np.max(((k_total - math.log(_LOWER_TAIL_MASS)) / lam)[lam < 0]))
-  return min(lows), max(highs)
+    totals.append(np.sum(t * k, axis=0))
+  return lam, np.stack(totals)
+
+
+def _host_window(lam, k_total, tail_mass):
+  """Chernoff quantiles of the composed loss from :func:`_host_log_mgf`: the lower at
+  :data:`_LOWER_TAIL_MASS` and the upper at ``tail_mass``, the widest over the directions."""
+  positive, negative = lam > 0, lam < 0
+  high = np.min((k_total[:, positive] - math.log(tail_mass)) / lam[positive], axis=-1)
+  low = np.max((k_total[:, negative] - math.log(_LOWER_TAIL_MASS)) / lam[negative], axis=-1)
+  return float(np.min(low)), float(np.max(high))
+
+
+_WRAP_NATS = 16.0   # the wrapped mass a window sized for δ aims at: e^{−16} δ (about 1e-7 δ)
+
+
+def _tilted_width(lam, k_total, high, delta, interval):
+  """The window width W (in loss units) that reading ε at each ``delta`` needs, the widest over
+  the δs and directions (host estimates from :func:`_host_log_mgf`'s K).
+
+  The composition is tilted at the Chernoff order λ* of the quantile Q at δ (as
+  :func:`jaxrdp.accounting.pld.convolution._tilt_order` picks it, on the orders
+  :func:`~jaxrdp.accounting.pld.convolution._lambdas` allows at this Δ; the smallest whose
+  objective is within 0.1 % of the best, in case the graph's K breaks a near tie the other
+  way). On a circle of circumference W, tilted mass a lap away from a point l ≥ ε read is
+  undone at l: from a lap below it arrives scaled by e^{−λ*W}, from a lap above by e^{λ*W}.
+  With L = log(1/δ) and c = _WRAP_NATS, both stay below e^{−c}·δ where
+
+  * W ≥ (L + c)/λ* (below: the mass is at most 1), and the window reaches W below Q;
+  * W ≥ min over ν > λ* of (K(ν) − ν·ε' + L + c)/(ν − λ*) (above: P(L > ε' + W) ≤
+    e^{K(ν) − ν(ε' + W)}), with ε' = Q − 4/λ* standing for ε (ε ≤ Q, and within a few 1/λ*
+    of it).
+
+  At most the untilted width (the caller's). A width only changes how tight ε is, never its
+  soundness: where ε lies above the window's start, what wraps onto the window only adds
+  mass, and ε(δ) is read as the start otherwise (a valid bound; see
+  :func:`jaxrdp.accounting.pld.readout._epsilon_of`)."""
+  usable = (lam > 0) & (lam * interval * (_BLOCK - 1) <= 700.0)
+  lam_pos, k_pos = lam[usable], k_total[:, usable]                 # (λ,), (2, λ)
+  widths = []
+  for d in np.atleast_1d(np.asarray(delta, np.float64)).ravel():
+    log_inv = -math.log(d)
+    objective = (k_pos + log_inv) / lam_pos                          # (2, λ)
+    best = np.min(objective, axis=-1)                                # Q, per direction
+    near = objective <= best[:, None] + 1e-3 * (np.abs(best[:, None]) + 1.0)
+    lam_star = np.min(np.where(near, lam_pos, np.inf), axis=-1)      # (2,)
+    below = high - best + (log_inv + _WRAP_NATS) / lam_star
+    eps = best - 4.0 / lam_star
+    above_nu = lam_pos > lam_star[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+      above = np.min(np.where(above_nu, (k_pos - lam_pos * eps[:, None] + log_inv + _WRAP_NATS)
+                              / (lam_pos - lam_star[:, None]), np.inf), axis=-1)
+    widths.append(np.max(np.maximum(below, above)))
+  return max(widths)
 
 
 def _step_range(q, sigma):
@@ -70,11 +121,17 @@ def _step_range(q, sigma):
   return float(np.max(np.maximum(hi_remove - lo_remove, hi_add - lo_add), initial=0.0))
 
 
-def grid_for(q, sigma, t, interval=DEFAULT_INTERVAL, tail_mass=DEFAULT_TAIL_MASS) -> PldGrid:
+def grid_for(q, sigma, t, interval=DEFAULT_INTERVAL, tail_mass=DEFAULT_TAIL_MASS,
+             delta=None) -> PldGrid:
   """The grid for concrete schedules (NumPy arrays broadcasting to (..., phases); leading
   axes are separate schedules, and the grid fits each), or a ValueError naming the size it
   would need when that exceeds :data:`MAX_BINS`. Phases with q = 0, T = 0 (no loss) or σ = 0
-  (infinite loss: ε = ∞ on any grid) take no room."""
+  (infinite loss: ε = ∞ on any grid) take no room.
+
+  The window reaches from the composed loss's upper quantile at ``tail_mass`` down to its
+  lower quantile at :data:`_LOWER_TAIL_MASS`; with ``delta`` (the δ or δs that ε will be read
+  at) only as far down as reading ε there needs (:func:`_tilted_width`, at most the former):
+  fewer points, the same ε to ~1e-7 relative."""
   q, sigma, t = (np.atleast_1d(np.asarray(v, np.float64)) for v in (q, sigma, t))
   shape = np.broadcast_shapes(q.shape, sigma.shape, t.shape)
   q, sigma, t = (np.broadcast_to(v, shape).reshape(-1, shape[-1]) for v in (q, sigma, t))
@@ -85,10 +142,14 @@ def grid_for(q, sigma, t, interval=DEFAULT_INTERVAL, tail_mass=DEFAULT_TAIL_MASS
       continue
     qi, si, ti = (v[used] for v in row)
     pmf_bins = max(pmf_bins, int(math.ceil(_step_range(qi, si) / interval)) + 2)
-    low, high = _host_window(qi, si, ti, tail_mass)
+    lam, k_total = _host_log_mgf(qi, si, ti)
+    low, high = _host_window(lam, k_total, tail_mass)
+    width = high - low
+    if delta is not None:
+      width = min(width, _tilted_width(lam, k_total, high, delta, interval))
     # A margin of 5 % and 64 points: the graph's window top (from the discretised PMFs) may
     # sit slightly above the estimate's.
-    bins = max(bins, int(math.ceil((high - low) / interval * 1.05)) + 64)
+    bins = max(bins, int(math.ceil(width / interval * 1.05)) + 64)
   bins = _fast_size(bins, _READ_BLOCK)
   for name, n in (("pmf_bins", pmf_bins), ("bins", bins)):
     if n > MAX_BINS:
@@ -129,9 +190,11 @@ def grid_of(q, sigma, t, given, delta=None):
         "steps) computed outside, for the widest schedule the function will see.")
   tail_mass = DEFAULT_TAIL_MASS
   known = None if delta is None else _host_values(delta)
-  if known is not None and np.size(known) and np.all(known > 0):
+  if known is not None and np.size(known) and np.all((known > 0) & (known < 1)):
     tail_mass = min(tail_mass, 1e-3 * float(np.min(known)))
-  return _fits(q.shape[-1], grid_for(*values, tail_mass=tail_mass))
+  else:
+    known = None
+  return _fits(q.shape[-1], grid_for(*values, tail_mass=tail_mass, delta=known))
 
 
 def _checked_grid(grid) -> PldGrid:
