@@ -144,12 +144,14 @@ TABLE = {
     "pld_delta": _pld_api(jaxrdp.pld_delta, "epsilon", 1.0, real(1.0, lo=0, inf_ok=True)),
     "pld_grid": Api(
         jaxrdp.pld_grid,
-        dict(sampling_rate=0.01, noise_multiplier=1.0, steps=100, interval=1e-4, tail_mass=1e-15),
+        dict(sampling_rate=0.01, noise_multiplier=1.0, steps=100, interval=1e-4, tail_mass=1e-15,
+             delta=1e-5),
         dict(sampling_rate=real(0.01, lo=0, hi=1),
              noise_multiplier=real(1.0, lo=0),
              steps=real(100, lo=0),
              interval=real(1e-4, lo=0, hi=1, lo_open=True),
-             tail_mass=real(1e-15, lo=0, hi=1, lo_open=True, hi_open=True))),
+             tail_mass=real(1e-15, lo=0, hi=1, lo_open=True, hi_open=True),
+             delta=real(1e-5, lo=0, hi=1, lo_open=True, hi_open=True, none_ok=True))),
     "calibrate_noise_multiplier": Api(
         jaxrdp.calibrate_noise_multiplier,
         dict(target_epsilon=2.0, delta=1e-5, sampling_rate=0.01, steps=1000, orders=[2.0, 8.0]),
