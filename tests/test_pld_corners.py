@@ -82,10 +82,11 @@ def test_a_grid_sized_for_delta_is_narrower_with_the_same_epsilon(q, sigma, step
   assert eps[1] == pytest.approx(eps[0], rel=1e-7)
   if q == 1.0:
     assert eps[1] >= _exact_gaussian(sigma, steps, delta)
-  # pld_epsilon's own grid (at the default Δ) is the one sized for δ.
+  # pld_epsilon's own grid (at the default Δ) is the one sized for δ, also where δ/1000 is
+  # below the default tail mass.
   phases = [np.array([v], np.float64) for v in (q, sigma, steps)]
-  assert pld.grid_of(*phases, None, np.float64(delta)) == jaxrdp.pld_grid(q, sigma, steps,
-                                                                          delta=delta)
+  for d in (delta, 1e-14):
+    assert pld.grid_of(*phases, None, np.float64(d)) == jaxrdp.pld_grid(q, sigma, steps, delta=d)
 
 
 def test_small_delta_is_never_reported_below_at_the_exact_epsilon():

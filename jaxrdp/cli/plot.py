@@ -73,10 +73,7 @@ def pld_grid_for(q, sigma, steps, delta):
   """The grid ``pld_epsilon(q, σ, steps, δ)`` sizes for itself: for reading ε at δ, with the
   default tail mass, or δ/1000 where that is smaller (see :func:`jaxrdp.pld_grid`)."""
   with jax.enable_x64(True):
-    fitted = jaxrdp.pld_grid(q, sigma, float(steps), delta=delta)
-    if fitted.tail_mass > 1e-3 * delta:
-      fitted = jaxrdp.pld_grid(q, sigma, float(steps), tail_mass=1e-3 * delta, delta=delta)
-    return fitted
+    return jaxrdp.pld_grid(q, sigma, float(steps), delta=delta)
 
 
 def pld_curve(q, sigma, ts, delta) -> np.ndarray:

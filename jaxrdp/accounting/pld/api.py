@@ -44,9 +44,10 @@ def pld_grid(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.A
       grids sized by ``pld_epsilon`` itself take min(1e-15, δ/1000)).
     delta: the δ (a scalar, or an array of the δs) that ε will be read at, if known: the
       window then reaches only as far below ε as the tilted composition needs (about half
-      the points, and half the time, on 10⁴–10⁵ steps; the same ε to ~1e-7 relative), as
-      grids sized by ``pld_epsilon`` itself do. ε read at another δ, and δ(ε) at any ε,
-      stay valid bounds (looser where ε lies far below the window).
+      the points, and half the time, on 10⁴–10⁵ steps; the same ε to ~1e-7 relative), and
+      the tail mass is at most δ/1000: the grid ``pld_epsilon`` sizes for itself. ε read at
+      another δ, and δ(ε) at any ε, stay valid bounds (looser where ε lies far below the
+      window).
 
   Returns:
     A :class:`PldGrid` (hashable, static under ``jax.jit``).
@@ -67,6 +68,8 @@ def pld_grid(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.A
   if any(v is None for v in values):
     raise TypeError("pld_grid needs concrete parameters (it sets array shapes); call it "
                     "outside jax.jit.")
+  if delta is not None:
+    tail_mass = min(float(tail_mass), 1e-3 * float(np.min(values[3])))
   return grid_for(*values[:3], interval=float(interval), tail_mass=float(tail_mass),
                   delta=values[3] if delta is not None else None)
 
