@@ -95,21 +95,18 @@ def _tilted_width(lam, k_total, high, delta, interval):
   :func:`jaxrdp.accounting.pld.readout._epsilon_of`)."""
   usable = (lam > 0) & (lam * interval * (_BLOCK - 1) <= 700.0)
   lam_pos, k_pos = lam[usable], k_total[:, usable]                 # (λ,), (2, λ)
-  widths = []
-  for d in np.atleast_1d(np.asarray(delta, np.float64)).ravel():
-    log_inv = -math.log(d)
-    objective = (k_pos + log_inv) / lam_pos                          # (2, λ)
-    best = np.min(objective, axis=-1)                                # Q, per direction
-    near = objective <= best[:, None] + 1e-3 * (np.abs(best[:, None]) + 1.0)
-    lam_star = np.min(np.where(near, lam_pos, np.inf), axis=-1)      # (2,)
-    below = high - best + (log_inv + _WRAP_NATS) / lam_star
-    eps = best - 4.0 / lam_star
-    above_nu = lam_pos > lam_star[:, None]
-    with np.errstate(divide="ignore", invalid="ignore"):
-      above = np.min(np.where(above_nu, (k_pos - lam_pos * eps[:, None] + log_inv + _WRAP_NATS)
-                              / (lam_pos - lam_star[:, None]), np.inf), axis=-1)
-    widths.append(np.max(np.maximum(below, above)))
-  return max(widths)
+  log_inv = -np.log(np.asarray(delta, np.float64).reshape(-1, 1, 1))   # (δ, 1, 1)
+  objective = (k_pos + log_inv) / lam_pos                            # (δ, 2, λ)
+  best = np.min(objective, axis=-1, keepdims=True)                   # Q, per δ and direction
+  near = objective <= best + 1e-3 * (np.abs(best) + 1.0)
+  lam_star = np.min(np.where(near, lam_pos, np.inf), axis=-1, keepdims=True)
+  below = high - best + (log_inv + _WRAP_NATS) / lam_star
+  eps = best - 4.0 / lam_star
+  with np.errstate(divide="ignore", invalid="ignore"):
+    above = np.min(np.where(lam_pos > lam_star,
+                            (k_pos - lam_pos * eps + log_inv + _WRAP_NATS) / (lam_pos - lam_star),
+                            np.inf), axis=-1, keepdims=True)
+  return float(np.max(np.maximum(below, above)))
 
 
 def _step_range(q, sigma):
