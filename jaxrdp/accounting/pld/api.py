@@ -68,8 +68,6 @@ def pld_grid(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.A
   if any(v is None for v in values):
     raise TypeError("pld_grid needs concrete parameters (it sets array shapes); call it "
                     "outside jax.jit.")
-  if delta is not None:
-    tail_mass = min(float(tail_mass), 1e-3 * float(np.min(values[3])))
   return grid_for(*values[:3], interval=float(interval), tail_mass=float(tail_mass),
                   delta=values[3] if delta is not None else None)
 

@@ -128,7 +128,11 @@ def grid_for(q, sigma, t, interval=DEFAULT_INTERVAL, tail_mass=DEFAULT_TAIL_MASS
   The window reaches from the composed loss's upper quantile at ``tail_mass`` down to its
   lower quantile at :data:`_LOWER_TAIL_MASS`; with ``delta`` (the δ or δs that ε will be read
   at) only as far down as reading ε there needs (:func:`_tilted_width`, at most the former):
-  fewer points, the same ε to ~1e-7 relative."""
+  fewer points, the same ε to ~1e-7 relative; the tail mass is then at most δ/1000 (a
+  default of 1e-15 would otherwise add a δ-sized term where δ is that small)."""
+  if delta is not None:
+    delta = np.asarray(delta, np.float64)
+    tail_mass = min(float(tail_mass), 1e-3 * float(np.min(delta)))
   q, sigma, t = (np.atleast_1d(np.asarray(v, np.float64)) for v in (q, sigma, t))
   shape = np.broadcast_shapes(q.shape, sigma.shape, t.shape)
   q, sigma, t = (np.broadcast_to(v, shape).reshape(-1, shape[-1]) for v in (q, sigma, t))
@@ -143,7 +147,9 @@ def grid_for(q, sigma, t, interval=DEFAULT_INTERVAL, tail_mass=DEFAULT_TAIL_MASS
     low, high = _host_window(lam, k_total, tail_mass)
     width = high - low
     if delta is not None:
-      width = min(width, _tilted_width(lam, k_total, high, delta, interval))
+      tilted = _tilted_width(lam, k_total, high, delta, interval)
+      if np.isfinite(tilted) and tilted > 0:   # else (a degenerate K): the untilted window
+        width = min(width, tilted)
     # A margin of 5 % and 64 points: the graph's window top (from the discretised PMFs) may
     # sit slightly above the estimate's.
     bins = max(bins, int(math.ceil(width / interval * 1.05)) + 64)
@@ -173,10 +179,9 @@ def _host_values(x):
 
 
 def grid_of(q, sigma, t, given, delta=None):
-  """The grid passed, or one sized from the parameters' values where they are known; a
-  ValueError where one phase's work arrays would exceed :data:`MAX_ELEMENTS`. A sized grid
-  for reading ε at a known δ leaves at most δ/1000 above its window (the default tail mass,
-  1e-15, would otherwise add a δ-sized term where δ is that small)."""
+  """The grid passed, or one sized from the parameters' values where they are known (for
+  reading ε at ``delta`` where that is known: :func:`grid_for`); a ValueError where one
+  phase's work arrays would exceed :data:`MAX_ELEMENTS`."""
   if given is not None:
     return _fits(q.shape[-1], _checked_grid(given))
   values = [_host_values(v) for v in (q, sigma, t)]
@@ -185,13 +190,10 @@ def grid_of(q, sigma, t, given, delta=None):
         "the PLD accountant's array sizes depend on the parameters' values, which are traced "
         "here (inside jax.jit): pass pld_grid=jaxrdp.pld_grid(sampling_rate, noise_multiplier, "
         "steps) computed outside, for the widest schedule the function will see.")
-  tail_mass = DEFAULT_TAIL_MASS
   known = None if delta is None else _host_values(delta)
-  if known is not None and np.size(known) and np.all((known > 0) & (known < 1)):
-    tail_mass = min(tail_mass, 1e-3 * float(np.min(known)))
-  else:
+  if known is None or not np.size(known) or not np.all((known > 0) & (known < 1)):
     known = None
-  return _fits(q.shape[-1], grid_for(*values, tail_mass=tail_mass, delta=known))
+  return _fits(q.shape[-1], grid_for(*values, delta=known))
 
 
 def _checked_grid(grid) -> PldGrid:
