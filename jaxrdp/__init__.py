@@ -23,6 +23,7 @@ from jaxrdp.training.sampling import (poisson_max_batch_size, poisson_overflow_p
                              poisson_truncation_delta)
 from jaxrdp.accounting.schedules import ScheduleResult, epsilon_trajectory, optimize_schedule
 from jaxrdp.accounting.sweep import sweep, sweep_noise_multiplier
+from jaxrdp.accounting.sweep_output import read_sweep
 from jaxrdp.mechanisms.without_replacement import rdp_sampled_gaussian_without_replacement
 from jaxrdp.mechanisms.zcdp import pure_dp_to_zcdp, rdp_tcdp, rdp_zcdp, zcdp_to_delta, zcdp_to_epsilon
 
@@ -103,6 +104,7 @@ __all__ = [
     "rdp_spent",
     "rdp_tcdp",
     "rdp_zcdp",
+    "read_sweep",
     "relative_gaussian_noise",
     "RelativeGaussianNoiseState",
     "ScheduleResult",

@@ -105,3 +105,21 @@ def test_parquet_round_trip(tmp_path, capsys):
   table = pq.read_table(out).to_pydict()
   assert list(table) == COLUMNS
   np.testing.assert_array_equal(table["epsilon"], np.asarray(sweep(*AXES)).ravel())
+
+
+def test_parquet_is_written_as_it_goes_and_resumed(tmp_path, capsys):
+  out = tmp_path / "r.parquet"
+  assert cli.main(["sweep"] + GRID + ["--out", str(out)]) == 0
+  assert (out / "_sweep.json").exists()
+  written = {p.name: p.read_bytes() for p in out.iterdir()}
+  # Again without --resume: the sweep there is not overwritten; with it, completed.
+  err = exit_2(capsys, ["sweep"] + GRID + ["--out", str(out)])
+  assert "--out" in err and "resume" in err
+  (out / "part-000000.parquet").unlink()
+  assert cli.main(["sweep"] + GRID + ["--out", str(out), "--resume"]) == 0
+  assert {p.name: p.read_bytes() for p in out.iterdir()} == written
+
+
+def test_resume_needs_a_parquet_out(capsys, tmp_path):
+  err = exit_2(capsys, ["sweep"] + GRID + ["--out", str(tmp_path / "x.csv"), "--resume"])
+  assert "--resume" in err and "FILE.parquet" in err

@@ -186,6 +186,13 @@ def check_int(name: str, x, *, lo: int, hi: int | None = None) -> int:
   return int(x)
 
 
+def check_bool(name: str, x) -> bool:
+  """A bool argument (a switch): TypeError unless True or False."""
+  if not isinstance(x, (bool, np.bool_)):
+    raise TypeError(f"{name} must be True or False, got {x!r}.")
+  return bool(x)
+
+
 def check_choice(name: str, value, choices: tuple) -> None:
   """ValueError naming the argument, the allowed values and the value given."""
   if value not in choices:

@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+import pathlib
 from typing import Sequence
 
 import jax
@@ -51,6 +53,7 @@ from jax.sharding import Mesh, PartitionSpec
 from jaxrdp._internal import deprecation
 from jaxrdp._internal import loops
 from jaxrdp._internal import validation
+from jaxrdp.accounting import sweep_output
 from jaxrdp.accounting.calibration import _calibrate_on_grid, _host_calibration
 from jaxrdp.accounting.epsilon import order_grid
 from jaxrdp.accounting.conversion import compute_epsilon
@@ -79,7 +82,9 @@ _OUTPUT_ELEMENTS = 2 ** 22      # ε values per call, at most (more (T, δ) -> m
 def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.ArrayLike,
           steps: jax.typing.ArrayLike, deltas: jax.typing.ArrayLike, *,
           orders: jax.typing.ArrayLike | None = None, chunk_size: int | None = None,
-          progress: bool = False, devices: Sequence[jax.Device] | None = None) -> jax.Array:
+          progress: bool = False, devices: Sequence[jax.Device] | None = None,
+          output: str | os.PathLike | None = None, resume: bool = False
+          ) -> jax.Array | pathlib.Path:
   r"""ε of DP-SGD with Poisson sampling over the grid q × σ × steps × δ (all combinations).
 
   .. math:: \varepsilon[i, j, k, l] = \min_\alpha \mathrm{conv}_{\delta_l}\big(\alpha,\;
@@ -101,10 +106,19 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
     progress: show a progress bar (needs ``tqdm``).
     devices: the devices to spread the work over (default: all local devices of the default
       backend).
+    output: a directory to write the result to as it is computed, one Parquet part per
+      chunk (needs ``pyarrow``; :mod:`jaxrdp.accounting.sweep_output` describes the files),
+      instead of returning it: host memory then holds one chunk's cells, not the grid's.
+      :func:`jaxrdp.read_sweep` reads it back as the array.
+    resume: with ``output``, complete a sweep that was interrupted (killed, preempted): the
+      chunks already written are kept, the others computed (the same files as an
+      uninterrupted run). The grid, orders, dtype, ``chunk_size`` and devices must be the
+      same as the first call's.
 
   Returns:
     ε of shape (Q, S, T, D), in the floating dtype of ``sampling_rates``, ``noise_multipliers``
     and ``steps`` (``deltas`` is cast to it). +inf where no order gives a finite bound (σ = 0).
+    With ``output``: its path (a :class:`pathlib.Path`).
 
   Raises:
     ValueError: an argument outside its range (the message names it, the range and the
@@ -125,9 +139,21 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
   chunk_size = _check_chunk_size(chunk_size)
   progress_bar = _progress_bar(progress)
 
+  resume = validation.check_bool("resume", resume)
+  if output is not None and not isinstance(output, (str, os.PathLike)):
+    raise TypeError(f"output must be a path (str or os.PathLike) or None, got {output!r}.")
+  if output is None and resume:
+    raise ValueError("resume=True applies to output=... only (a sweep to write), got output=None.")
+
   q, sigma, t, delta = (np.asarray(v.astype(dtype)) for v in (q, sigma, t, delta))
   n_pairs, n_combos = q.size * sigma.size, t.size * delta.size
   block, chunk = _layout(n_pairs, grid.size, chunk_size, _CALL_BLOCKS, mesh)
+  n_chunks = -(-n_pairs // chunk)
+  done = set()
+  if output is not None:
+    output = pathlib.Path(os.fspath(output))
+    done = sweep_output.open_output(output, sweep_output.definition(
+        (q, sigma, t, delta), grid, dtype, chunk, n_chunks, mesh.devices.size), resume)
   # (T, δ) combinations, T-major, in fixed blocks too (at least two per call), as many per
   # call as keep the call's output below _OUTPUT_ELEMENTS; the padding (T = 0, δ = 1/2) is
   # valid and cheap: the conversion costs little next to the kernel.
@@ -144,10 +170,13 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
   split = order_split(grid)
   tables = order_tables(grid, split)
   per_step_fn, epsilon_fn = _per_step_rdp_fn(mesh, block, split), _epsilon_fn(mesh, block)
-  out = np.empty((n_pairs, n_combos), dtype)
+  # The result, or with ``output`` the chunk being collected (written when complete).
+  out = np.empty((n_pairs, n_combos) if output is None else (chunk, n_combos), dtype)
 
   def tasks():
     for start in range(0, n_pairs, chunk):
+      if start // chunk in done:
+        continue
       idx = np.arange(start, min(start + chunk, n_pairs))
       # Padding pairs (q = 0, σ = 1) are exact special cases of the kernel: no refinement.
       qc = _pad(q[idx // sigma.size], chunk, 0.0)
@@ -162,12 +191,23 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
   def collect(task, bar):
     idx, c, eps = task
     lo, hi = c * combo_width, min((c + 1) * combo_width, n_combos)
-    out[idx, lo:hi] = np.asarray(eps)[:idx.size, :hi - lo]
+    rows = idx if output is None else slice(0, idx.size)
+    out[rows, lo:hi] = np.asarray(eps)[:idx.size, :hi - lo]
+    if output is not None and c == n_calls - 1:
+      writer.submit(idx[0] // chunk, idx, out[:idx.size].copy())
     if bar is not None:
       bar.update(idx.size * (hi - lo))
 
-  _run_pipelined(tasks(), collect, progress_bar, n_pairs * n_combos)
-  return jnp.asarray(out.reshape(q.size, sigma.size, t.size, delta.size))
+  remaining = n_pairs - sum(min(chunk, n_pairs - i * chunk) for i in done)
+  if output is None:
+    _run_pipelined(tasks(), collect, progress_bar, remaining * n_combos)
+    return jnp.asarray(out.reshape(q.size, sigma.size, t.size, delta.size))
+  writer = sweep_output.PartWriter(output, (q, sigma, t, delta))
+  try:
+    _run_pipelined(tasks(), collect, progress_bar, remaining * n_combos)
+  finally:
+    writer.close()
+  return output
 
 
 @deprecation.positional_in_old_order("target_epsilons", "sampling_rates", "steps", "deltas")

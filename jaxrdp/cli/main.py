@@ -11,7 +11,7 @@ Usage::
                    [--csv FILE.csv] [--accountant pld] [--log {x,y,both}] [--points N]
   jaxrdp plot      ... --steps-range START:STOP ... --csv FILE.csv   (no image, no matplotlib)
   jaxrdp sweep     --sampling-rates QS --noise-multipliers SS --steps TS --deltas DS
-                   [--out FILE.csv|FILE.parquet] [--heatmap FILE.png] [--progress]
+                   [--out FILE.csv|FILE.parquet [--resume]] [--heatmap FILE.png] [--progress]
 
 (``python -m jaxrdp ...`` is the same.) Numbers may be fractions or in scientific notation
 (``--sampling-rate 256/60000``, ``--steps 1e4``), read by one function
@@ -172,6 +172,8 @@ def _build_parser() -> argparse.ArgumentParser:
   p.add_argument("--chunk-size", type=whole, default=None,
                  help="(q, sigma) pairs per compiled call (default: automatic)")
   p.add_argument("--progress", action="store_true", help="show a progress bar (needs tqdm)")
+  p.add_argument("--resume", action="store_true",
+                 help="complete an interrupted sweep written to --out FILE.parquet")
   p.set_defaults(func=sweep.cmd_sweep)
   return parser
 

@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import os
+
 import jax
 import numpy as np
 
 from jaxrdp.accounting.sweep import sweep as _sweep
+from jaxrdp.accounting.sweep_output import read_sweep
 from jaxrdp.cli.commands import grid, headline
 from jaxrdp.cli.parsing import fail, fmt, writable
 
@@ -20,7 +23,9 @@ Range values of --steps are rounded to whole numbers (duplicates dropped).
 
 Output: --out FILE.csv writes one row per grid point, columns
 sampling_rate,noise_multiplier,steps,delta,epsilon (epsilon at the best grid order, as
-jaxrdp.sweep / dpsgd_epsilon(refine_order=False)); --out FILE.parquet needs pyarrow.
+jaxrdp.sweep / dpsgd_epsilon(refine_order=False)); --out FILE.parquet (needs pyarrow) is a
+directory of Parquet parts written as the sweep goes (it reads as one table), and --resume
+completes one that was interrupted (killed, preempted) with the same flags.
 --heatmap FILE.png draws epsilon over sampling rate x noise multiplier for one (steps, delta):
 the first of each, or --heatmap-steps / --heatmap-delta (values of the grid).
 """
@@ -96,13 +101,20 @@ def _write_heatmap(path, q, sigma, eps, steps, delta) -> None:
 def cmd_sweep(args, out) -> None:
   if args.out is None and args.heatmap is None:
     fail("--out (a .csv or .parquet file) or --heatmap (a .png file) is required")
+  streamed = args.out is not None and args.out.endswith(".parquet")
+  if args.resume and not streamed:
+    fail("--resume completes a sweep written to --out FILE.parquet; give that --out")
   if args.out is not None:
-    writable("--out", args.out)
-    if args.out.endswith(".parquet"):
+    if streamed:   # a directory of Parquet parts, written as the sweep goes
+      parent = os.path.dirname(os.path.abspath(args.out))
+      if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        fail(f"--out cannot be written: {args.out}")
       try:
         import pyarrow.parquet  # noqa: F401
       except ImportError:
         fail("--out FILE.parquet needs pyarrow: pip install pyarrow (or write a .csv file)")
+    else:
+      writable("--out", args.out)
   if args.heatmap is not None:
     writable("--heatmap", args.heatmap)
     try:
@@ -117,11 +129,24 @@ def cmd_sweep(args, out) -> None:
     except ImportError:
       fail("--progress needs tqdm: pip install tqdm")
   axes = (args.sampling_rates, args.noise_multipliers, args.steps, args.deltas)
+  orders = None if args.orders is None else grid(args.orders)
   with jax.enable_x64(True):
-    eps = np.asarray(_sweep(*axes, orders=None if args.orders is None else grid(args.orders),
-                            chunk_size=args.chunk_size, progress=args.progress))
+    if streamed:
+      try:
+        _sweep(*axes, orders=orders, chunk_size=args.chunk_size, progress=args.progress,
+               output=args.out, resume=args.resume)
+      except (OSError, ValueError) as err:
+        fail(f"--out cannot be written: {' '.join(str(err).split())}")
+      eps = read_sweep(args.out)
+    else:
+      eps = np.asarray(_sweep(*axes, orders=orders, chunk_size=args.chunk_size,
+                              progress=args.progress))
   wrote = []
-  if args.out is not None:
+  if streamed:
+    counts = "{} sampling rates x {} noise multipliers x {} steps x {} deltas".format(*eps.shape)
+    wrote.append(f"wrote {args.out} ({eps.size} rows: {counts}; a directory of Parquet parts, "
+                 "written as the sweep went)")
+  elif args.out is not None:
     try:
       _write_table(args.out, axes, eps)
     except OSError as err:

@@ -1,0 +1,164 @@
+r"""A sweep written as it goes: one Parquet part per chunk of (q, σ) pairs, resumable.
+
+``sweep(..., output=PATH)`` writes a directory ``PATH`` (a name ending in ``.parquet`` reads as
+one dataset in pyarrow, pandas and polars):
+
+* ``_sweep.json``: the grid's definition (its four axes, the orders, the dtype) and the
+  chunk layout (pairs per chunk, number of chunks, devices), as written by this version;
+* ``part-NNNNNN.parquet``: the cells of chunk N, one row per cell, columns
+  ``sampling_rate, noise_multiplier, steps, delta, epsilon``, in the order of the array
+  ``sweep`` returns (q, then σ, then T, then δ): the parts in order are the whole grid.
+
+A part is written to a temporary name and renamed when complete (atomic on POSIX and
+Windows), so a process killed at any point (``kill -9``, a preempted job) leaves only whole
+parts; ``resume=True`` computes the chunks that have none. Each cell depends on the devices
+that computed it, not on which chunks were computed before (see :mod:`jaxrdp.accounting.sweep`),
+so a resumed sweep writes the same files as one that ran through. The layout depends on the
+device count, so a resume on another number of devices is refused, not mixed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+import numpy as np
+
+FORMAT = "jaxrdp.sweep/1"
+_DEFINITION = "_sweep.json"
+_COLUMNS = ("sampling_rate", "noise_multiplier", "steps", "delta")
+
+
+def _pyarrow():
+  try:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+  except ImportError:
+    raise ImportError("sweep(output=...) writes Parquet and needs pyarrow: pip install pyarrow "
+                      "(or leave output=None for the result as an array).") from None
+  return pa, pq
+
+
+def definition(axes, orders, dtype, chunk, n_chunks, devices) -> dict:
+  """The grid's definition and chunk layout, as ``_sweep.json`` holds it (floats exact:
+  JSON writes the shortest repr, which reads back to the same double)."""
+  return {"format": FORMAT, **{name: [float(v) for v in axis]
+                               for name, axis in zip(("sampling_rates", "noise_multipliers",
+                                                      "steps", "deltas"), axes)},
+          "orders": [float(v) for v in orders], "dtype": np.dtype(dtype).name,
+          "pairs_per_chunk": int(chunk), "chunks": int(n_chunks), "devices": int(devices)}
+
+
+def open_output(path, spec: dict, resume: bool) -> set[int]:
+  """Prepares the directory ``path`` for the sweep ``spec`` and returns the chunks already
+  written there (empty for a new output). An existing output is taken up only with
+  ``resume`` and only for the same grid and layout (ValueError naming what differs)."""
+  _pyarrow()
+  path = pathlib.Path(path)
+  meta = path / _DEFINITION
+  if path.exists() and not path.is_dir():
+    raise ValueError(f"output={str(path)!r} exists and is not a directory (a sweep writes a "
+                     "directory of Parquet parts).")
+  if meta.exists():
+    if not resume:
+      raise ValueError(f"output={str(path)!r} already holds a sweep: pass resume=True to "
+                       "complete it, or remove it.")
+    with open(meta) as f:
+      found = json.load(f)
+    differ = [k for k in spec if found.get(k) != spec[k]]
+    if differ:
+      raise ValueError(f"output={str(path)!r} holds a different sweep (its {', '.join(differ)} "
+                       "differ from this call's): resume it with the same grid, orders, dtype, "
+                       "chunk_size and devices, or write elsewhere.")
+    for stale in path.glob(".part-*.tmp"):   # a part being written when the process died
+      stale.unlink(missing_ok=True)
+    return {i for i in range(spec["chunks"]) if _part(path, i).exists()}
+  if path.is_dir() and any(path.iterdir()):
+    raise ValueError(f"output={str(path)!r} is a directory that is not empty and holds no "
+                     "sweep: give a new or empty directory.")
+  path.mkdir(parents=True, exist_ok=True)
+  _atomic(meta, lambda tmp: tmp.write_text(json.dumps(spec)))
+  return set()
+
+
+def _part(path, index):
+  return pathlib.Path(path) / f"part-{index:06d}.parquet"
+
+
+def _atomic(target, write):
+  """``write(tmp)`` then rename onto ``target``: the target is absent or whole."""
+  tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+  write(tmp)
+  os.replace(tmp, target)
+
+
+def write_part(path, index, axes, pairs, eps) -> None:
+  """Writes chunk ``index``: the cells of the flat pair indices ``pairs`` (q-major) with their
+  ε ``eps`` (pairs × (T · δ), T-major)."""
+  pa, pq = _pyarrow()
+  q, sigma, t, delta = axes
+  n_combos = t.size * delta.size
+  i, j = np.repeat(pairs // sigma.size, n_combos), np.repeat(pairs % sigma.size, n_combos)
+  combo = np.tile(np.arange(n_combos), pairs.size)
+  values = (q[i], sigma[j], t[combo // delta.size], delta[combo % delta.size])
+  table = pa.table({**dict(zip(_COLUMNS, values)), "epsilon": np.asarray(eps).reshape(-1)})
+  _atomic(_part(path, index), lambda tmp: pq.write_table(table, tmp))
+
+
+class PartWriter:
+  """Writes parts (:func:`write_part`) on a thread of its own, one at a time, so that the next
+  chunk is computed meanwhile (the Parquet encoder releases the GIL); at most one part is
+  being written while the next is filled. ``close`` waits for the last and raises any error."""
+
+  def __init__(self, path, axes):
+    from concurrent.futures import ThreadPoolExecutor
+    self._path, self._axes = path, axes
+    self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jaxrdp-sweep-output")
+    self._pending = None
+
+  def submit(self, index, pairs, eps):
+    self._wait()
+    self._pending = self._pool.submit(write_part, self._path, index, self._axes, pairs, eps)
+
+  def _wait(self):
+    if self._pending is not None:
+      pending, self._pending = self._pending, None
+      pending.result()
+
+  def close(self):
+    try:
+      self._wait()
+    finally:
+      self._pool.shutdown(wait=True)
+
+
+def read_sweep(path):
+  """The ε array of a complete sweep written with ``output=path``, as :func:`jaxrdp.sweep`
+  returns it without ``output`` (the same values, bitwise).
+
+  Args:
+    path: the directory ``sweep(..., output=path)`` wrote.
+
+  Returns:
+    ε, a NumPy array of shape (Q, S, T, D) in the sweep's dtype.
+
+  Raises:
+    ValueError: ``path`` holds no sweep, or an incomplete one (how many chunks are missing:
+      complete it with ``resume=True``).
+  """
+  _, pq = _pyarrow()
+  path = pathlib.Path(path)
+  try:
+    with open(path / _DEFINITION) as f:
+      spec = json.load(f)
+  except FileNotFoundError:
+    raise ValueError(f"{str(path)!r} holds no sweep (no {_DEFINITION}).") from None
+  missing = [i for i in range(spec["chunks"]) if not _part(path, i).exists()]
+  if missing:
+    raise ValueError(f"{str(path)!r} is incomplete: {len(missing)} of {spec['chunks']} chunks "
+                     "missing; complete it with sweep(..., output=path, resume=True).")
+  eps = np.concatenate([pq.read_table(_part(path, i), columns=["epsilon"])["epsilon"]
+                        .to_numpy() for i in range(spec["chunks"])])
+  shape = tuple(len(spec[k]) for k in ("sampling_rates", "noise_multipliers", "steps", "deltas"))
+  return eps.astype(spec["dtype"]).reshape(shape)
