@@ -123,3 +123,18 @@ def test_parquet_is_written_as_it_goes_and_resumed(tmp_path, capsys):
 def test_resume_needs_a_parquet_out(capsys, tmp_path):
   err = exit_2(capsys, ["sweep"] + GRID + ["--out", str(tmp_path / "x.csv"), "--resume"])
   assert "--resume" in err and "FILE.parquet" in err
+
+
+def test_a_streamed_sweep_reports_and_draws_what_the_array_holds(tmp_path, capsys):
+  # The summary and the heatmap of --out FILE.parquet are read part by part, not as one array.
+  assert cli.main(["sweep"] + GRID + ["--heatmap", str(tmp_path / "a.png")]) == 0
+  in_memory = capsys.readouterr().out.splitlines()[0]
+  assert cli.main(["sweep"] + GRID + ["--out", str(tmp_path / "r.parquet"), "--heatmap",
+                                      str(tmp_path / "b.png"), "--heatmap-steps", "1000"]) == 0
+  assert capsys.readouterr().out.splitlines()[0] == in_memory
+  from jaxrdp.cli.sweep import _streamed_summary
+  shape, span, plane = _streamed_summary(str(tmp_path / "r.parquet"), 1, 1)
+  eps = np.asarray(sweep(*AXES))
+  assert shape == eps.shape
+  assert span == (eps[np.isfinite(eps)].min(), eps[np.isfinite(eps)].max())
+  np.testing.assert_array_equal(plane, eps[:, :, 1, 1])

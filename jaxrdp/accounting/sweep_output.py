@@ -133,6 +133,39 @@ class PartWriter:
       self._pool.shutdown(wait=True)
 
 
+def _spec(path) -> dict:
+  """The definition of the sweep in ``path``; ValueError where there is none, or where it is
+  incomplete (how many chunks are missing)."""
+  try:
+    with open(pathlib.Path(path) / _DEFINITION) as f:
+      spec = json.load(f)
+  except FileNotFoundError:
+    raise ValueError(f"{str(path)!r} holds no sweep (no {_DEFINITION}).") from None
+  missing = [i for i in range(spec["chunks"]) if not _part(path, i).exists()]
+  if missing:
+    raise ValueError(f"{str(path)!r} is incomplete: {len(missing)} of {spec['chunks']} chunks "
+                     "missing; complete it with sweep(..., output=path, resume=True).")
+  return spec
+
+
+def _shape(spec):
+  return tuple(len(spec[k]) for k in ("sampling_rates", "noise_multipliers", "steps", "deltas"))
+
+
+def parts(path):
+  """(shape (Q, S, T, D), an iterator over the chunks' ε, each (pairs, T · D) in the array's
+  order): a complete sweep one part at a time (memory: one part)."""
+  _, pq = _pyarrow()
+  spec = _spec(path)
+  shape = _shape(spec)
+
+  def chunks():
+    for i in range(spec["chunks"]):
+      eps = pq.read_table(_part(path, i), columns=["epsilon"])["epsilon"].to_numpy()
+      yield eps.astype(spec["dtype"]).reshape(-1, shape[2] * shape[3])
+  return shape, chunks()
+
+
 def read_sweep(path):
   """The ε array of a complete sweep written with ``output=path``, as :func:`jaxrdp.sweep`
   returns it without ``output`` (the same values, bitwise).
@@ -147,18 +180,5 @@ def read_sweep(path):
     ValueError: ``path`` holds no sweep, or an incomplete one (how many chunks are missing:
       complete it with ``resume=True``).
   """
-  _, pq = _pyarrow()
-  path = pathlib.Path(path)
-  try:
-    with open(path / _DEFINITION) as f:
-      spec = json.load(f)
-  except FileNotFoundError:
-    raise ValueError(f"{str(path)!r} holds no sweep (no {_DEFINITION}).") from None
-  missing = [i for i in range(spec["chunks"]) if not _part(path, i).exists()]
-  if missing:
-    raise ValueError(f"{str(path)!r} is incomplete: {len(missing)} of {spec['chunks']} chunks "
-                     "missing; complete it with sweep(..., output=path, resume=True).")
-  eps = np.concatenate([pq.read_table(_part(path, i), columns=["epsilon"])["epsilon"]
-                        .to_numpy() for i in range(spec["chunks"])])
-  shape = tuple(len(spec[k]) for k in ("sampling_rates", "noise_multipliers", "steps", "deltas"))
-  return eps.astype(spec["dtype"]).reshape(shape)
+  shape, chunks = parts(path)
+  return np.concatenate(list(chunks)).reshape(shape)

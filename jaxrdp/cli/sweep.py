@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from jaxrdp.accounting.sweep import sweep as _sweep
-from jaxrdp.accounting.sweep_output import read_sweep
+from jaxrdp.accounting.sweep_output import parts as read_parts
 from jaxrdp.cli.commands import grid, headline
 from jaxrdp.cli.parsing import fail, fmt, writable
 
@@ -42,17 +42,10 @@ def _pick(flag, grid_flag, grid, value):
 
 
 def _write_table(path, axes, eps) -> None:
-  names = ("sampling_rate", "noise_multiplier", "steps", "delta")
-  if path.endswith(".parquet"):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    columns = {n: c.ravel() for n, c in zip(names, np.meshgrid(*axes, indexing="ij"))}
-    columns["steps"] = columns["steps"].astype(np.int64)
-    columns["epsilon"] = eps.ravel()
-    pq.write_table(pa.table(columns), path)
-    return
+  """The CSV table (a Parquet --out is written by the sweep itself, as it goes)."""
   import csv
   import itertools
+  names = ("sampling_rate", "noise_multiplier", "steps", "delta")
   text = [[repr(float(v)) for v in a] for a in axes]
   text[2] = [str(int(v)) for v in axes[2]]
   with open(path, "w", newline="") as f:
@@ -60,6 +53,20 @@ def _write_table(path, axes, eps) -> None:
     writer.writerow(names + ("epsilon",))
     writer.writerows(cell + (repr(e),) for cell, e in zip(itertools.product(*text),
                                                           eps.ravel().tolist()))
+
+
+def _streamed_summary(path, t_index, d_index):
+  """(shape, finite ε's min and max (None if none), the heatmap's (q, σ) slice) of the sweep
+  written to ``path``, read one part at a time: the grid is never all in memory."""
+  shape, chunks = read_parts(path)
+  low, high, column = np.inf, -np.inf, []
+  for eps in chunks:
+    finite = eps[np.isfinite(eps)]
+    if finite.size:
+      low, high = min(low, finite.min()), max(high, finite.max())
+    column.append(eps[:, t_index * shape[3] + d_index])
+  span = (low, high) if np.isfinite(low) else None
+  return shape, span, np.concatenate(column).reshape(shape[:2])
 
 
 def _cell_edges(v, log):
@@ -137,32 +144,33 @@ def cmd_sweep(args, out) -> None:
                output=args.out, resume=args.resume)
       except (OSError, ValueError) as err:
         fail(f"--out cannot be written: {' '.join(str(err).split())}")
-      eps = read_sweep(args.out)
+      shape, span, plane = _streamed_summary(args.out, t_index, d_index)
     else:
       eps = np.asarray(_sweep(*axes, orders=orders, chunk_size=args.chunk_size,
                               progress=args.progress))
+      finite = eps[np.isfinite(eps)]
+      shape, plane = eps.shape, eps[:, :, t_index, d_index]
+      span = (finite.min(), finite.max()) if finite.size else None
+  size = int(np.prod(shape))
+  counts = "{} sampling rates x {} noise multipliers x {} steps x {} deltas".format(*shape)
   wrote = []
   if streamed:
-    counts = "{} sampling rates x {} noise multipliers x {} steps x {} deltas".format(*eps.shape)
-    wrote.append(f"wrote {args.out} ({eps.size} rows: {counts}; a directory of Parquet parts, "
+    wrote.append(f"wrote {args.out} ({size} rows: {counts}; a directory of Parquet parts, "
                  "written as the sweep went)")
   elif args.out is not None:
     try:
       _write_table(args.out, axes, eps)
     except OSError as err:
       fail(f"--out cannot be written: {' '.join(str(err).split())}")
-    counts = "{} sampling rates x {} noise multipliers x {} steps x {} deltas".format(*eps.shape)
-    wrote.append(f"wrote {args.out} ({eps.size} rows: {counts})")
+    wrote.append(f"wrote {args.out} ({size} rows: {counts})")
   if args.heatmap is not None:
     steps, delta = args.steps[t_index], args.deltas[d_index]
     try:
-      _write_heatmap(args.heatmap, args.sampling_rates, args.noise_multipliers,
-                     eps[:, :, t_index, d_index], steps, delta)
+      _write_heatmap(args.heatmap, args.sampling_rates, args.noise_multipliers, plane, steps,
+                     delta)
     except (OSError, ValueError) as err:
       fail(f"--heatmap cannot be written: {' '.join(str(err).split())}")
     wrote.append(f"wrote {args.heatmap} (epsilon at steps = {int(steps)}, delta = {delta:g})")
-  finite = eps[np.isfinite(eps)]
-  span = (f"ε from {finite.min():.4g} to {finite.max():.4g}" if finite.size
-          else "ε not finite")
-  headline(out, f"{span} over {eps.size} grid points (RDP, grid orders)")
+  text = f"ε from {span[0]:.4g} to {span[1]:.4g}" if span is not None else "ε not finite"
+  headline(out, f"{text} over {size} grid points (RDP, grid orders)")
   print("\n".join(wrote), file=out)
