@@ -110,6 +110,8 @@ def test_bad_output_arguments_are_named(tmp_path):
     jaxrdp.sweep(*AXES, resume=True)
   with pytest.raises(TypeError, match="resume must be True or False"):
     jaxrdp.sweep(*AXES, output=tmp_path / "x", resume="yes")
+  with pytest.raises(TypeError, match="gather must be True or False"):
+    jaxrdp.sweep(*AXES, gather=1)
   with pytest.raises(TypeError, match="output must be a path"):
     jaxrdp.sweep(*AXES, output=3)
   (tmp_path / "file").write_text("")

@@ -22,7 +22,9 @@ refined one (never below it).
 :func:`jaxrdp.calibrate_noise_multiplier` search per cell of (target ε, δ, q, T), vectorised.
 
 Both functions evaluate the grid in chunks (so that memory stays bounded whatever the grid
-size: the only thing that grows is the result, kept on the host until the end), spread every
+size: the only thing that grows is the result, kept on the host until the end, or for
+``sweep(..., output=DIR)`` written chunk by chunk, :mod:`jaxrdp.accounting.sweep_output`;
+``sweep`` also spreads the chunks over the processes of a ``jax.distributed`` run), spread every
 chunk over all local devices of the default backend (``shard_map`` over the flattened grid,
 padded to whole blocks on every device; no communication between devices), and compute in
 the floating dtype of their inputs, as :func:`jaxrdp.dpsgd_epsilon` does: float32 unless
@@ -83,7 +85,7 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
           steps: jax.typing.ArrayLike, deltas: jax.typing.ArrayLike, *,
           orders: jax.typing.ArrayLike | None = None, chunk_size: int | None = None,
           progress: bool = False, devices: Sequence[jax.Device] | None = None,
-          output: str | os.PathLike | None = None, resume: bool = False
+          output: str | os.PathLike | None = None, resume: bool = False, gather: bool = True
           ) -> jax.Array | pathlib.Path:
   r"""ε of DP-SGD with Poisson sampling over the grid q × σ × steps × δ (all combinations).
 
@@ -113,7 +115,19 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
     resume: with ``output``, complete a sweep that was interrupted (killed, preempted): the
       chunks already written are kept, the others computed (the same files as an
       uninterrupted run). The grid, orders, dtype, ``chunk_size`` and devices must be the
-      same as the first call's.
+      same as the first call's (the number of processes may differ).
+    gather: in a multi-process run (after ``jax.distributed.initialize``; see below), return
+      the whole grid on every process (True, the default: one all-gather at the end), or only
+      the cells this process computed, NaN elsewhere (False: no communication). Ignored with
+      ``output`` (every process returns the path once every part is written).
+
+  Several processes (``jax.distributed``: one per host, or per GPU): the same call on every
+  process spreads the chunks over the processes (chunk i on process i mod P), each computing
+  its chunks on its own local devices with no communication; every process needs the same
+  number of local devices. A cell's value depends on the number of local devices, not on the
+  number of processes (bitwise: each process runs the program a one-process sweep on that many
+  devices runs). With ``output`` every process writes its own parts (to a file system they
+  share) and the progress bar, if asked for, is process 0's share of the work.
 
   Returns:
     ε of shape (Q, S, T, D), in the floating dtype of ``sampling_rates``, ``noise_multipliers``
@@ -140,6 +154,7 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
   progress_bar = _progress_bar(progress)
 
   resume = validation.check_bool("resume", resume)
+  gather = validation.check_bool("gather", gather)
   if output is not None and not isinstance(output, (str, os.PathLike)):
     raise TypeError(f"output must be a path (str or os.PathLike) or None, got {output!r}.")
   if output is None and resume:
@@ -149,11 +164,20 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
   n_pairs, n_combos = q.size * sigma.size, t.size * delta.size
   block, chunk = _layout(n_pairs, grid.size, chunk_size, _CALL_BLOCKS, mesh)
   n_chunks = -(-n_pairs // chunk)
-  done = set()
+  n_proc, me = _processes(devices, mesh)
+  # The chunks this process computes: its share (chunk i on process i mod P), less those an
+  # interrupted sweep already wrote.
+  skip = {c for c in range(n_chunks) if c % n_proc != me}
   if output is not None:
     output = pathlib.Path(os.fspath(output))
-    done = sweep_output.open_output(output, sweep_output.definition(
-        (q, sigma, t, delta), grid, dtype, chunk, n_chunks, mesh.devices.size), resume)
+    spec = sweep_output.definition((q, sigma, t, delta), grid, dtype, chunk, n_chunks,
+                                   mesh.devices.size)
+    # Process 0 prepares the directory; the others join it once it has (a barrier).
+    if me == 0:
+      skip |= sweep_output.open_output(output, spec, resume)
+    _barrier(n_proc, "jaxrdp.sweep: output ready")
+    if me != 0:
+      skip |= sweep_output.join_output(output, spec)
   # (T, δ) combinations, T-major, in fixed blocks too (at least two per call), as many per
   # call as keep the call's output below _OUTPUT_ELEMENTS; the padding (T = 0, δ = 1/2) is
   # valid and cheap: the conversion costs little next to the kernel.
@@ -170,12 +194,13 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
   split = order_split(grid)
   tables = order_tables(grid, split)
   per_step_fn, epsilon_fn = _per_step_rdp_fn(mesh, block, split), _epsilon_fn(mesh, block)
-  # The result, or with ``output`` the chunk being collected (written when complete).
-  out = np.empty((n_pairs, n_combos) if output is None else (chunk, n_combos), dtype)
+  # The result (NaN where another process computes), or with ``output`` the chunk being
+  # collected (written when complete).
+  out = np.full((n_pairs, n_combos) if output is None else (chunk, n_combos), np.nan, dtype)
 
   def tasks():
     for start in range(0, n_pairs, chunk):
-      if start // chunk in done:
+      if start // chunk in skip:
         continue
       idx = np.arange(start, min(start + chunk, n_pairs))
       # Padding pairs (q = 0, σ = 1) are exact special cases of the kernel: no refinement.
@@ -198,16 +223,43 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
     if bar is not None:
       bar.update(idx.size * (hi - lo))
 
-  remaining = n_pairs - sum(min(chunk, n_pairs - i * chunk) for i in done)
+  remaining = n_pairs - sum(min(chunk, n_pairs - i * chunk) for i in skip)
+  progress_bar = progress_bar if me == 0 else None
   if output is None:
     _run_pipelined(tasks(), collect, progress_bar, remaining * n_combos)
+    if n_proc > 1 and gather:   # each chunk from the process that computed it
+      from jax.experimental import multihost_utils
+      every = np.asarray(multihost_utils.process_allgather(out))
+      rows = np.arange(n_pairs)
+      out = every[(rows // chunk) % n_proc, rows]
     return jnp.asarray(out.reshape(q.size, sigma.size, t.size, delta.size))
   writer = sweep_output.PartWriter(output, (q, sigma, t, delta))
   try:
     _run_pipelined(tasks(), collect, progress_bar, remaining * n_combos)
   finally:
     writer.close()
+  _barrier(n_proc, "jaxrdp.sweep: parts written")
   return output
+
+
+def _processes(devices, mesh):
+  """(P, this process's index) of a multi-process run (``jax.distributed``) whose sweep spreads
+  over the processes: when no devices are given; (1, 0) otherwise. Every process must have as
+  many local devices (the chunk layout depends on it)."""
+  n_proc = jax.process_count()
+  if devices is not None or n_proc == 1:
+    return 1, 0
+  if jax.device_count() != n_proc * mesh.devices.size:
+    raise ValueError(f"a sweep over {n_proc} processes needs the same number of local devices "
+                     f"on each; this one has {mesh.devices.size} of {jax.device_count()} in all.")
+  return n_proc, jax.process_index()
+
+
+def _barrier(n_proc, name):
+  """Waits for every process (of a multi-process sweep) to get here."""
+  if n_proc > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(name)
 
 
 @deprecation.positional_in_old_order("target_epsilons", "sampling_rates", "steps", "deltas")

@@ -64,13 +64,7 @@ def open_output(path, spec: dict, resume: bool) -> set[int]:
     if not resume:
       raise ValueError(f"output={str(path)!r} already holds a sweep: pass resume=True to "
                        "complete it, or remove it.")
-    with open(meta) as f:
-      found = json.load(f)
-    differ = [k for k in spec if found.get(k) != spec[k]]
-    if differ:
-      raise ValueError(f"output={str(path)!r} holds a different sweep (its {', '.join(differ)} "
-                       "differ from this call's): resume it with the same grid, orders, dtype, "
-                       "chunk_size and devices, or write elsewhere.")
+    _check_same(path, spec)
     for stale in path.glob(".part-*.tmp"):   # a part being written when the process died
       stale.unlink(missing_ok=True)
     return {i for i in range(spec["chunks"]) if _part(path, i).exists()}
@@ -80,6 +74,24 @@ def open_output(path, spec: dict, resume: bool) -> set[int]:
   path.mkdir(parents=True, exist_ok=True)
   _atomic(meta, lambda tmp: tmp.write_text(json.dumps(spec)))
   return set()
+
+
+def join_output(path, spec: dict) -> set[int]:
+  """The chunks already written to the sweep ``spec`` that another process of the same run
+  prepared (:func:`open_output`); ValueError if it holds another sweep."""
+  _check_same(path, spec)
+  return {i for i in range(spec["chunks"]) if _part(path, i).exists()}
+
+
+def _check_same(path, spec):
+  """ValueError naming what differs where ``path`` holds another sweep than ``spec``."""
+  with open(pathlib.Path(path) / _DEFINITION) as f:
+    found = json.load(f)
+  differ = [k for k in spec if found.get(k) != spec[k]]
+  if differ:
+    raise ValueError(f"output={str(path)!r} holds a different sweep (its {', '.join(differ)} "
+                     "differ from this call's): resume it with the same grid, orders, dtype, "
+                     "chunk_size and devices, or write elsewhere.")
 
 
 def _part(path, index):

@@ -1,0 +1,83 @@
+"""One sweep over several processes (jax.distributed, CPU collectives), against one process.
+
+Each process has 2 host devices, as the one-process reference has: a cell's value depends on
+the number of local devices only, so the cells agree bitwise, and so do the written parts.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pyarrow")
+
+# 400 (q, σ) pairs in five chunks of 96 (two blocks of 24 pairs on each of 2 devices).
+_CHILD = textwrap.dedent("""
+    import sys
+    import jax
+    jax.config.update("jax_enable_x64", True)
+    processes, index, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    if processes > 1:
+      jax.distributed.initialize(coordinator_address=f"localhost:{port}",
+                                 num_processes=processes, process_id=index)
+    import numpy as np
+    import jaxrdp
+    assert len(jax.local_devices()) == 2
+    axes = (np.geomspace(1e-4, 0.1, 16), np.linspace(0.5, 4.0, 25), np.array([100.0, 1e4]),
+            np.array([1e-5, 1e-8]))
+    np.save(f"{out}/whole-{index}.npy", np.asarray(jaxrdp.sweep(*axes, chunk_size=96)))
+    np.save(f"{out}/own-{index}.npy", np.asarray(jaxrdp.sweep(*axes, chunk_size=96, gather=False)))
+    jaxrdp.sweep(*axes, chunk_size=96, output=f"{out}/parts")
+    """)
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _run(processes, out):
+  os.makedirs(out)
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2")
+  port = str(_free_port())
+  children = [subprocess.Popen([sys.executable, "-c", _CHILD, str(processes), str(i), port, out],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+              for i in range(processes)]
+  for child in children:
+    log, _ = child.communicate(timeout=600)
+    assert child.returncode == 0, log[-3000:]
+
+
+def _files(path):
+  return {name: open(os.path.join(path, name), "rb").read() for name in sorted(os.listdir(path))}
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+  out = str(tmp_path_factory.mktemp("sweep") / "one")
+  _run(1, out)
+  return out
+
+
+@pytest.mark.parametrize("processes", [2, 4])
+def test_a_sweep_over_processes_equals_one_process_bitwise(tmp_path, one_process, processes):
+  import jaxrdp
+  many = str(tmp_path / "many")
+  _run(processes, many)
+  reference = np.load(f"{one_process}/whole-0.npy")
+  chunk_of_pair = np.arange(400) // 96   # the chunk of each (q, σ) pair
+  for i in range(processes):
+    np.testing.assert_array_equal(np.load(f"{many}/whole-{i}.npy"), reference)   # bitwise
+    own = np.load(f"{many}/own-{i}.npy").reshape(400, -1)
+    mine = chunk_of_pair % processes == i   # chunk c is computed by process c mod P
+    assert mine.any()
+    np.testing.assert_array_equal(own[mine], reference.reshape(400, -1)[mine])
+    assert np.isnan(own[~mine]).all()
+  np.testing.assert_array_equal(jaxrdp.read_sweep(f"{many}/parts"), reference)
+  assert _files(f"{many}/parts") == _files(f"{one_process}/parts")
