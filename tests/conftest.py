@@ -72,7 +72,8 @@ def log_a_reference_float32():
 # keeps one core busy after the other has finished (longest first is the classic remedy).
 # Files not named keep their order, after these.
 _LONGEST_FIRST = ("test_sampled_gaussian", "test_bad_input", "test_integer_orders",
-                  "test_accounting", "test_traced_path", "test_sweep", "test_pld_api", "test_pld",
+                  "test_accounting", "test_traced_path", "test_sweep", "test_sweep_processes",
+                  "test_pld_api", "test_pld",
                   "test_order_search", "test_transform", "test_properties",
                   "test_api_consistency", "test_pld_soundness", "test_default_compiler_options",
                   "test_schedules", "test_pld_corners", "test_edge_gradients")
