@@ -831,6 +831,12 @@ CLI_EXTRA = [   # (argv, flag named in the message)
     (["calibrate", "--noise-multiplier", "1.1"], "--noise-multiplier"),
     (["calibrate", "--solve-for", "steps"], "--noise-multiplier"),
     (["calibrate", "--solve-for", "sigma"], "--solve-for"),
+    (["epsilon", "--sampling", "uniform"], "--sampling"),
+    # shuffled batches count epochs: the training run's flags, not a rate and steps
+    (["epsilon", "--sampling", "shuffle"], "--sampling"),
+    (["dpsgd", "--sampling", "fixed", "--accountant", "pld"], "--sampling"),
+    (["calibrate", "--sampling", "fixed", "--accountant", "pld"], "--sampling"),
+    (["calibrate", "--sampling", "shuffle", "--solve-for", "sampling-rate"], "--sampling"),
 ]
 
 
@@ -871,7 +877,7 @@ def test_cli_table_covers_every_subcommand_and_flag():
   for cmd in CLI_VALID:
     flags = {o for a in commands[cmd]._actions for o in a.option_strings if o.startswith("--")}
     optional = ({"--orders"} if cmd == "epsilon" else set()) | (
-        {"--accountant"} if cmd in ("epsilon", "calibrate", "dpsgd") else set()) | (
+        {"--accountant", "--sampling"} if cmd in ("epsilon", "calibrate", "dpsgd") else set()) | (
         {"--dataset-size", "--batch-size", "--epochs"} if cmd in ("epsilon", "calibrate")
         else set()) | ({"--solve-for", "--noise-multiplier"} if cmd == "calibrate" else set()) | (
         {"--accountant", "--steps-range", "--points", "--log", "--csv"} if cmd == "plot"

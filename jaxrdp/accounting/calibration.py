@@ -26,6 +26,7 @@ from jaxrdp._internal import validation
 from jaxrdp.accounting import composition
 from jaxrdp.accounting.composition import schedule_phases
 from jaxrdp.accounting import pld
+from jaxrdp.accounting import samplers
 from jaxrdp.accounting.order_search import grid_epsilon
 from jaxrdp.accounting.conversion import compute_epsilon
 from jaxrdp.accounting.envelope import _concrete_split, _first_without_fallback
@@ -40,7 +41,9 @@ _Q_MIN = 1e-12                       # smallest sampling rate searched
 def calibrate_noise_multiplier(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.ArrayLike,
                                sampling_rate: jax.typing.ArrayLike, steps: jax.typing.ArrayLike, *,
                                orders: jax.typing.ArrayLike | None = None,
-                               accountant: str = "rdp") -> jax.Array:
+                               accountant: str = "rdp", sampling: str = "poisson",
+                               neighboring: str | None = None,
+                               dataset_size: int | None = None) -> jax.Array:
   r"""Smallest noise multiplier σ in [1e-4, 1e8] whose ε is at most ``target_epsilon`` (safe side).
 
   ε is non-increasing in σ; the answer is found in log σ on the grid-order ε (so that it is
@@ -62,6 +65,9 @@ def calibrate_noise_multiplier(target_epsilon: jax.typing.ArrayLike, delta: jax.
       from the RDP answer (safe for PLD too) and returns a σ whose PLD ε, as
       ``dpsgd_epsilon(..., accountant="pld")`` computes it, was checked to be ≤ the target,
       within 1e-7 relative of the smallest such σ.
+    sampling, neighboring, dataset_size: how the batches are drawn, as in
+      :func:`jaxrdp.dpsgd_epsilon` (``"fixed"``: the same search on its ε; ``"shuffle"``: twice
+      the σ of the epochs' Gaussian mechanisms, :mod:`jaxrdp.accounting.samplers`).
 
   Returns:
     σ, a scalar in the inputs' dtype (NaN under jit where no σ ≤ 1e8 reaches the target or
@@ -76,16 +82,27 @@ def calibrate_noise_multiplier(target_epsilon: jax.typing.ArrayLike, delta: jax.
                        delta=delta)
   validation.check_scalar(target_epsilon=target_epsilon, delta=delta)
   validation.check_schedule(sampling_rate=sampling_rate, steps=steps)
+  samplers.check_sampling(sampling, neighboring, dataset_size, accountant)
+  if sampling == "shuffle":   # σ/2 is the epochs' Gaussian σ: calibrate that one (q = 1)
+    samplers.check_batches(sampling_rate, dataset_size)
+    q, _, t = schedule_phases(sampling_rate, 1.0, steps)
+    valid = samplers.whole_batches(q, dataset_size)
+    _, _, epochs = samplers.shuffle_schedule(q, jnp.ones_like(q), t, dataset_size)
+    sigma = calibrate_noise_multiplier(target_epsilon, delta, 1.0, epochs, orders=orders,
+                                       accountant=accountant)
+    return validation.nan_where_invalid(valid, 2 * sigma)
   if use_pld(accountant, orders=orders):
     safe = calibrate_noise_multiplier(target_epsilon, delta, sampling_rate, steps)
     return _pld_calibration("noise_multiplier", target_epsilon, delta, safe,
                             sampling_rate=sampling_rate, steps=steps)
   q, _, t = schedule_phases(sampling_rate, 1.0, steps)
   return _rdp_calibration("noise_multiplier", target_epsilon, delta, q, t, orders,
-                          "with any noise multiplier up to 1e8 for this schedule and delta")
+                          "with any noise multiplier up to 1e8 for this schedule and delta",
+                          sampling)
 
 
-def _rdp_calibration(unknown, target_epsilon, delta, fixed, t, orders, unreachable):
+def _rdp_calibration(unknown, target_epsilon, delta, fixed, t, orders, unreachable,
+                     sampling="poisson"):
   """The RDP calibration of ``unknown`` ("noise_multiplier" or "sampling_rate") after the
   public function's checks, ``fixed`` (the other of the two) and ``t`` as phase arrays.
   Eagerly, ValueError where no value reaches the target (``unreachable`` says what was
@@ -97,7 +114,11 @@ def _rdp_calibration(unknown, target_epsilon, delta, fixed, t, orders, unreachab
   valid = validation.all_in_domains(target_epsilon=target_epsilon, delta=delta, steps=t,
                                     orders=grid, **{other: fixed})
   target, delta = (validation.to_device(v, fixed.dtype) for v in (target_epsilon, delta))
-  result = _calibrated(unknown, target, delta, fixed, t, grid)
+  if sampling == "fixed":
+    result = _calibrate_fixed(target, delta, fixed, t, grid, unknown=unknown,
+                              n_max=samplers.max_order(grid))
+  else:
+    result = _calibrated(unknown, target, delta, fixed, t, grid)
   if validation.is_concrete(result) and np.isnan(np.asarray(result)):
     raise ValueError(f"target_epsilon={float(target_epsilon)} is not reachable {unreachable}.")
   return validation.nan_where_invalid(valid, result)
@@ -172,6 +193,16 @@ def _calibrate_any_grid(target, delta, fixed, t, grid, unknown):
   return _search(unknown, target, fixed, eps_of, (target, delta, fixed, t, grid))[0]
 
 
+@compilation.jit(static_argnames=("unknown", "n_max"))
+def _calibrate_fixed(target, delta, fixed, t, grid, unknown, n_max):
+  """The search on the ε of fixed-size batches (:func:`jaxrdp.accounting.samplers.fixed_epsilon`,
+  every order of the grid)."""
+  def eps_of(value):
+    q, sigma = _phases(unknown, fixed, value)
+    return samplers.fixed_epsilon(q, sigma, t, delta, grid, n_max), False
+  return _search(unknown, target, fixed, eps_of, (target, delta, fixed, t, grid))[0]
+
+
 def calibrate_sigma_unchecked(target, delta, q, t, grid):
   """σ search with the grid ε of the branch-and-bound search (any grid, also traced)."""
   return _calibrate_any_grid(target, delta, q, t, grid, unknown="noise_multiplier")
@@ -197,7 +228,8 @@ def _calibrate_on_grid(target, delta, fixed, t, grid, tables, fallback, split, u
 def calibrate_sampling_rate(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.ArrayLike,
                             noise_multiplier: jax.typing.ArrayLike, steps: jax.typing.ArrayLike, *,
                             orders: jax.typing.ArrayLike | None = None,
-                            accountant: str = "rdp") -> jax.Array:
+                            accountant: str = "rdp", sampling: str = "poisson",
+                            neighboring: str | None = None) -> jax.Array:
   r"""Largest sampling rate q in (0, 1] whose ε is at most ``target_epsilon`` (safe side).
 
   ε is non-decreasing in q; bracketed regula falsi in log q on the grid-order ε, to a bracket
@@ -213,6 +245,10 @@ def calibrate_sampling_rate(target_epsilon: jax.typing.ArrayLike, delta: jax.typ
     accountant: ``"rdp"`` (default) or ``"pld"`` (tight; float64, eager calls only; the q
       returned was checked with ``dpsgd_epsilon(..., accountant="pld")``, within 1e-7
       relative of the largest such q).
+    sampling, neighboring: ``"poisson"`` or ``"fixed"`` (the batch size q·n of fixed-size
+      batches, rounded down to a whole number of examples by the caller), as in
+      :func:`jaxrdp.dpsgd_epsilon`. Shuffled batches depend on q only through the epochs:
+      calibrate the steps (:func:`calibrate_steps`) instead.
 
   Returns:
     q, a scalar in the inputs' dtype (NaN under jit where no q > 1e-12 reaches the target or
@@ -227,6 +263,11 @@ def calibrate_sampling_rate(target_epsilon: jax.typing.ArrayLike, delta: jax.typ
                        steps=steps, delta=delta)
   validation.check_scalar(target_epsilon=target_epsilon, delta=delta)
   validation.check_schedule(noise_multiplier=noise_multiplier, steps=steps)
+  samplers.check_sampling(sampling, neighboring, None if sampling != "shuffle" else 1, accountant)
+  if sampling == "shuffle":
+    raise ValueError("calibrate_sampling_rate does not offer sampling='shuffle': its ε depends on "
+                     "the batch size only through the number of epochs; calibrate the steps "
+                     "(calibrate_steps) or the noise multiplier instead.")
   if use_pld(accountant, orders=orders):
     safe = calibrate_sampling_rate(target_epsilon, delta, noise_multiplier, steps)
     return _pld_calibration("sampling_rate", target_epsilon, delta, safe,
@@ -234,14 +275,16 @@ def calibrate_sampling_rate(target_epsilon: jax.typing.ArrayLike, delta: jax.typ
   _, sigma, t = schedule_phases(0.5, noise_multiplier, steps)
   return _rdp_calibration("sampling_rate", target_epsilon, delta, sigma, t, orders,
                           "with any sampling rate >= 1e-12 for this noise multiplier, step count "
-                          "and delta")
+                          "and delta", sampling)
 
 
 def calibrate_steps(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.ArrayLike,
                     sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike, *,
                     max_steps: int = 10 ** 9,
                     orders: jax.typing.ArrayLike | None = None,
-                    accountant: str = "rdp") -> jax.Array:
+                    accountant: str = "rdp", sampling: str = "poisson",
+                    neighboring: str | None = None,
+                    dataset_size: int | None = None) -> jax.Array:
   r"""Largest whole number of steps whose ε is at most ``target_epsilon`` (safe side).
 
   ε is non-decreasing in the step count; integer bisection on [0, max_steps]. Returns 0 when
@@ -257,6 +300,9 @@ def calibrate_steps(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.Arra
     orders: the order grid (default :data:`jaxrdp.DEFAULT_ORDERS`).
     accountant: ``"rdp"`` (default) or ``"pld"`` (tight; float64, eager calls only; the
       count returned was checked with ``dpsgd_epsilon(..., accountant="pld")``).
+    sampling, neighboring, dataset_size: how the batches are drawn, as in
+      :func:`jaxrdp.dpsgd_epsilon` (``"shuffle"``: whole epochs of ⌊n/B⌋ steps, the most that
+      the epochs' Gaussian mechanisms allow, capped at ``max_steps``).
 
   Returns:
     The step count, a scalar in the inputs' dtype (under jit: 0 where not even one step
@@ -272,6 +318,14 @@ def calibrate_steps(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.Arra
   validation.check_scalar(target_epsilon=target_epsilon, delta=delta,
                           sampling_rate=sampling_rate, noise_multiplier=noise_multiplier)
   max_steps = validation.check_int("max_steps", max_steps, lo=1)
+  samplers.check_sampling(sampling, neighboring, dataset_size, accountant)
+  if sampling == "shuffle":
+    samplers.check_batches(sampling_rate, dataset_size)
+    q, sigma, _ = schedule_phases(sampling_rate, noise_multiplier, 1.0)
+    epochs = calibrate_steps(target_epsilon, delta, 1.0, sigma[0] / 2, max_steps=max_steps,
+                             orders=orders, accountant=accountant)   # one step per epoch
+    steps = jnp.minimum(epochs * samplers.steps_per_epoch(q[0], dataset_size), max_steps)
+    return validation.nan_where_invalid(samplers.whole_batches(q, dataset_size), steps)
   if use_pld(accountant, orders=orders):
     try:
       safe = calibrate_steps(target_epsilon, delta, sampling_rate, noise_multiplier,
@@ -289,7 +343,9 @@ def calibrate_steps(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.Arra
   valid = validation.all_in_domains(target_epsilon=target_epsilon, delta=delta,
                                     sampling_rate=q, noise_multiplier=sigma, orders=grid)
   split = _concrete_split(grid) or (None, None)
-  if split[0] is not None and validation.is_concrete((q, sigma)):
+  if sampling == "fixed":
+    per_step = samplers.fixed_rdp(q, sigma, jnp.ones_like(q), grid, samplers.max_order(grid))
+  elif split[0] is not None and validation.is_concrete((q, sigma)):
     # The per-step RDP through the grid's split (the per-order quadrature only if needed).
     per_step = composition.rdp_curve(q, sigma, 1.0, grid)
   else:

@@ -53,6 +53,7 @@ from jaxrdp.accounting import conversion
 from jaxrdp.mechanisms import sampled_gaussian
 from jaxrdp.accounting import order_search
 from jaxrdp.accounting import pld
+from jaxrdp.accounting import samplers
 from jaxrdp.accounting.order_search import grid_epsilon
 from jaxrdp.accounting.conversion import epsilon_at_orders
 from jaxrdp.accounting.conversion import composed_epsilons as _composed_epsilons
@@ -97,8 +98,10 @@ def dpsgd_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typ
                   steps: jax.typing.ArrayLike, delta: jax.typing.ArrayLike, *,
                   orders: jax.typing.ArrayLike | None = None,
                   refine_order: bool = True, method: str = "improved",
-                  accountant: str = "rdp", pld_grid: pld.PldGrid | None = None) -> jax.Array:
-  r"""ε of DP-SGD with Poisson sampling, for a constant or phased schedule.
+                  accountant: str = "rdp", pld_grid: pld.PldGrid | None = None,
+                  sampling: str = "poisson", neighboring: str | None = None,
+                  dataset_size: int | None = None) -> jax.Array:
+  r"""ε of DP-SGD, for a constant or phased schedule; Poisson sampling unless ``sampling`` says.
 
   Args:
     sampling_rate: q, a scalar or a 1-D array (one entry per phase), in [0, 1].
@@ -119,6 +122,17 @@ def dpsgd_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typ
       numbers. ``orders``, ``refine_order`` and ``method`` belong to the RDP accountant.
     pld_grid: with ``accountant="pld"`` inside ``jax.jit``, the static grid sizes
       (:func:`jaxrdp.pld_grid`); sized from the arguments otherwise.
+    sampling: how the batches are drawn (:mod:`jaxrdp.accounting.samplers`): ``"poisson"``
+      (the default; add/remove neighbours), ``"fixed"`` (batches of exactly q·n examples drawn
+      without replacement; replace-one neighbours, so the sum of clipped gradients moves by
+      up to 2C: RDP of Wang, Balle, Kasiviswanathan 2019, Thm. 27, at σ/2, the best grid
+      order; RDP accountant only) or ``"shuffle"`` (a permutation per epoch cut into batches of
+      q·n; replace-one: one Gaussian mechanism at σ/2 per epoch an example takes part in, no
+      amplification claimed; both accountants).
+    neighboring: ``"add_or_remove"`` or ``"replace_one"``: the relation ε is about, to state
+      it explicitly (the default is the sampler's; the other is a ``ValueError``).
+    dataset_size: n, with ``sampling="shuffle"`` (required there, and only there): epochs
+      have ⌊n/B⌋ steps of B = q·n examples (q·n a whole number).
 
   Returns:
     ε (a scalar in the inputs' dtype). Jittable; differentiable with respect to
@@ -146,8 +160,17 @@ def dpsgd_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typ
   validation.check_all(sampling_rate=sampling_rate, noise_multiplier=noise_multiplier,
                        steps=steps, delta=delta)
   validation.check_scalar(delta=delta)   # ε of several δ: jax.vmap
+  samplers.check_sampling(sampling, neighboring, dataset_size, accountant)
+  if sampling == "shuffle":
+    samplers.check_batches(sampling_rate, dataset_size)
   if use_pld(accountant, orders=orders, refine_order=refine_order, method=method,
               pld_grid=pld_grid):
+    if sampling == "shuffle":   # the Gaussian mechanisms of the epochs (q = 1)
+      q, sigma, t = schedule_phases(sampling_rate, noise_multiplier, steps)
+      valid = samplers.whole_batches(q, dataset_size)
+      eps = pld.pld_epsilon(*samplers.shuffle_schedule(q, sigma, t, dataset_size), delta,
+                            pld_grid=pld_grid)
+      return validation.nan_where_invalid(valid, eps)
     return pld.pld_epsilon(sampling_rate, noise_multiplier, steps, delta, pld_grid=pld_grid)
   q, sigma, t = schedule_phases(sampling_rate, noise_multiplier, steps)
   grid = order_grid(orders, q.dtype)
@@ -157,6 +180,13 @@ def dpsgd_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typ
   valid = validation.all_in_domains(sampling_rate=q, noise_multiplier=sigma, steps=t,
                                     delta=delta, orders=grid)
   delta = validation.to_device(delta, q.dtype)
+  if sampling == "fixed":
+    eps = samplers.fixed_epsilon(q, sigma, t, delta, grid, n_max=samplers.max_order(grid),
+                                 method=method)
+    return validation.nan_where_invalid(valid, eps)
+  if sampling == "shuffle":
+    valid = validation.combine_masks(valid, samplers.whole_batches(q, dataset_size))
+    q, sigma, t = samplers.shuffle_schedule(q, sigma, t, dataset_size)
   if method == "classic":
     rdp = jnp.sum(composition.rdp_curve(q, sigma, t, grid), axis=0)
     eps = jnp.min(epsilon_at_orders(grid, rdp, delta, method))

@@ -96,17 +96,67 @@ def optional_pld_epsilon(q, sigma, steps, delta, *, required):
 
 def schedule(args, unused=(), why=""):
   """(q, steps, assumption lines): --sampling-rate and --steps, or the training run's
-  --dataset-size, --batch-size and --epochs (one form, in full: bad input otherwise)."""
+  --dataset-size, --batch-size and --epochs (one form, in full: bad input otherwise; shuffled
+  batches need the training run's)."""
   if choose_form(args, (RATE_FLAGS, TRAINING_FLAGS), unused, why) == 0:
+    if args.sampling == "shuffle":
+      fail("--sampling shuffle needs --dataset-size, --batch-size and --epochs (its epochs are "
+           "counted in batches of B), not --sampling-rate and --steps")
     return args.sampling_rate, args.steps, []
   n, b, epochs = args.dataset_size, args.batch_size, args.epochs
   q, steps = training_schedule(n, b, epochs)
-  return q, steps, ["Assumptions:"] + assumptions(n, b, q, epochs, steps)
+  return q, steps, ["Assumptions:"] + assumptions(n, b, q, epochs, steps, sampling=args.sampling)
+
+
+_SAMPLERS = {"fixed": "fixed-size batches", "shuffle": "shuffled batches"}
+
+
+def sampler(args) -> dict:
+  """The library's sampler arguments for ``--sampling`` (the dataset size for shuffling);
+  bad input where the library would refuse the combination."""
+  if args.sampling == "fixed" and args.accountant == "pld":
+    fail("--sampling fixed is accounted by --accountant rdp only (no tight privacy-loss "
+         "distribution of fixed-size batches is implemented)")
+  if args.sampling == "shuffle" and getattr(args, "solve_for", None) == "sampling-rate":
+    fail("--sampling shuffle with --solve-for sampling-rate is not offered (the batch size "
+         "changes its epsilon only through the number of epochs): solve for steps or the "
+         "noise multiplier")
+  size = args.dataset_size if args.sampling == "shuffle" else None
+  return {"sampling": args.sampling, "dataset_size": size}
+
+
+def sampler_epsilon(args, q, sigma, steps, delta) -> float:
+  """ε of fixed-size or shuffled batches by ``--accountant`` (float64): dpsgd_epsilon's."""
+  with jax.enable_x64(True):
+    orders = None if args.accountant == "pld" else getattr(args, "orders", None)
+    return float(jaxrdp.dpsgd_epsilon(q, sigma, steps, delta, orders=orders,
+                                      accountant=args.accountant, **sampler(args)))
+
+
+def cmd_sampler_epsilon(args, out, q, sigma, steps, lines) -> None:
+  """``epsilon`` and ``dpsgd`` for fixed-size or shuffled batches: one ε, the relation named."""
+  delta = args.delta
+  if args.accountant == "pld" and getattr(args, "orders", None) is not None:
+    fail("--orders applies to --accountant rdp only")
+  eps = sampler_epsilon(args, q, sigma, steps, delta)
+  if args.json:
+    print(record(q, sigma, steps, delta, args.accountant, eps, args, sampling=args.sampling,
+                 neighboring="replace_one"), file=out)
+    return
+  headline(out, f"ε = {eps:.4g} (δ = {delta:g}, {args.accountant.upper()}, "
+                f"{_SAMPLERS[args.sampling]}, replace-one neighbours)")
+  print("\n".join(lines + [
+      f"epsilon = {eps:.6g} (dpsgd_epsilon(..., sampling={args.sampling!r}, "
+      f"accountant={args.accountant!r}); adjacent datasets differ by replacing one example)"]),
+        file=out)
 
 
 def cmd_epsilon(args, out) -> None:
   q, steps, lines = schedule(args)
   sigma, delta = args.noise_multiplier, args.delta
+  if args.sampling != "poisson":
+    cmd_sampler_epsilon(args, out, q, sigma, steps, lines)
+    return
   if args.accountant == "pld":
     if args.orders is not None:
       fail("--orders applies to --accountant rdp only")
@@ -156,21 +206,31 @@ def _calibration_inputs(args):
 
 
 def cmd_calibrate(args, out) -> None:
+  if args.sampling != "poisson":
+    sampler(args)   # its refusals first
   q, sigma, steps, lines = _calibration_inputs(args)
   key, solve = _CALIBRATE[args.solve_for]
   given_two = [v for v in (q, sigma, steps) if v is not None]
+  kwargs = {"accountant": args.accountant}
+  if args.sampling != "poisson":
+    kwargs.update(sampler(args))
+    if kwargs["dataset_size"] is None:
+      kwargs.pop("dataset_size")
   with jax.enable_x64(True):
-    answer = float(solve(args.epsilon, args.delta, *given_two, accountant=args.accountant))
+    answer = float(solve(args.epsilon, args.delta, *given_two, **kwargs))
   q, sigma, steps = (answer if v is None else v for v in (q, sigma, steps))
   steps = int(steps)
   epochs = None
   if lines is None:   # steps solved for a training run: also in epochs, E = steps·B/N
     epochs = steps * args.batch_size / args.dataset_size
     lines = ["Assumptions:"] + assumptions(args.dataset_size, args.batch_size, q, epochs, steps,
-                                           epochs_of_steps=True)
+                                           epochs_of_steps=True, sampling=args.sampling)
   if args.json:   # with ε at the answer: the value the calibration checked against the target
     extra = {} if epochs is None else {"epochs": epochs}
-    if args.accountant == "pld":
+    if args.sampling != "poisson":
+      eps = sampler_epsilon(args, q, sigma, steps, args.delta)
+      extra.update(sampling=args.sampling, neighboring="replace_one")
+    elif args.accountant == "pld":
       eps = pld_epsilon(q, sigma, steps, args.delta)
     else:
       eps, order, refined, classic, classic_order = epsilons(q, sigma, steps, args.delta)
@@ -181,7 +241,10 @@ def cmd_calibrate(args, out) -> None:
     return
   how = ("default grid orders" if args.accountant == "rdp"
          else "privacy-loss distribution, tight accounting")
-  what = f"for ε = {args.epsilon:g} (δ = {args.delta:g}, {args.accountant.upper()})"
+  if args.sampling != "poisson":
+    how += f"; {_SAMPLERS[args.sampling]}, replace-one neighbours"
+  sampled = "" if args.sampling == "poisson" else f", {_SAMPLERS[args.sampling]}"
+  what = f"for ε = {args.epsilon:g} (δ = {args.delta:g}, {args.accountant.upper()}{sampled})"
   if key == "noise_multiplier":
     headline(out, f"σ = {sigma:.6g} {what}")
     details = [f"noise multiplier = {sigma!r}",
@@ -203,6 +266,10 @@ def cmd_calibrate(args, out) -> None:
 def cmd_dpsgd(args, out) -> None:
   n, b, sigma, delta = args.dataset_size, args.batch_size, args.noise_multiplier, args.delta
   q, steps = training_schedule(n, b, args.epochs)
+  if args.sampling != "poisson":
+    lines = ["Assumptions:"] + assumptions(n, b, q, args.epochs, steps, sampling=args.sampling)
+    cmd_sampler_epsilon(args, out, q, sigma, steps, lines)
+    return
   eps, order, refined, classic, classic_order = epsilons(q, sigma, steps, delta)
   tight, unavailable = optional_pld_epsilon(q, sigma, steps, delta,
                                             required=args.accountant == "pld")

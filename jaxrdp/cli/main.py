@@ -92,6 +92,13 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument(flag, type=in_domain(domain, parse), default=None,
                    help=help_.format(range_text(domain)))
 
+  def add_sampling(p):
+    p.add_argument("--sampling", choices=("poisson", "fixed", "shuffle"), default="poisson",
+                   help="how batches are drawn: poisson (default; add/remove neighbours), fixed "
+                   "(B examples without replacement) or shuffle (a permutation per epoch; needs "
+                   "--dataset-size, --batch-size, --epochs); fixed and shuffle are accounted for "
+                   "replace-one neighbours")
+
   def add_schedule(p, alternative=" (or --dataset-size, --batch-size, --epochs)"):
     add_optional(p, "--sampling-rate", "sampling_rate", number, "q {}" + alternative)
     add_optional(p, "--steps", "count", whole, "number of steps T {}" + alternative)
@@ -99,8 +106,9 @@ def _build_parser() -> argparse.ArgumentParser:
     add_optional(p, "--batch-size", "count", whole, "expected batch size B {} (q = B/N)")
     add_optional(p, "--epochs", "epochs", number, "epochs E {} (steps = ceil(E*N/B))")
 
-  p = sub.add_parser("epsilon", help="epsilon of DP-SGD with Poisson sampling")
+  p = sub.add_parser("epsilon", help="epsilon of DP-SGD (Poisson, fixed-size or shuffled batches)")
   add_schedule(p)
+  add_sampling(p)
   add(p, "--noise-multiplier", "positive_noise_multiplier", number, "sigma {}")
   add(p, "--delta", "delta", number, "delta {}")
   add_orders(p)
@@ -118,6 +126,7 @@ def _build_parser() -> argparse.ArgumentParser:
   add_schedule(p, "")
   add_optional(p, "--noise-multiplier", "positive_noise_multiplier", number,
                "sigma {} (with --solve-for sampling-rate or steps)")
+  add_sampling(p)
   add_accountant(p)
   p.add_argument("--json", action="store_true", help="print a JSON object")
   p.set_defaults(func=commands.cmd_calibrate)
@@ -128,6 +137,7 @@ def _build_parser() -> argparse.ArgumentParser:
   add(p, "--epochs", "epochs", number, "epochs E {} (steps = ceil(E*N/B))")
   add(p, "--noise-multiplier", "positive_noise_multiplier", number, "sigma {}")
   add(p, "--delta", "delta", number, "delta {}")
+  add_sampling(p)
   add_accountant(p, "the accountant of the headline statement (both are printed)")
   p.add_argument("--json", action="store_true", help="print a JSON object")
   p.set_defaults(func=commands.cmd_dpsgd)

@@ -257,14 +257,32 @@ def training_schedule(dataset_size: int, batch_size: int, epochs: float):
   return q, math.ceil(fractions.Fraction(repr(epochs)) * n / b)
 
 
-def assumptions(n, b, q, epochs=None, steps=None, epochs_of_steps=False) -> list[str]:
+def assumptions(n, b, q, epochs=None, steps=None, epochs_of_steps=False,
+                sampling="poisson") -> list[str]:
   """The lines that say how N, B (and E) became q (and steps), as ``dpsgd`` prints them.
-  ``epochs_of_steps``: the steps were solved for; the epochs are steps·B/N."""
-  lines = [
-      f"  - Poisson sampling: each of the N = {n} examples joins each batch independently with "
-      f"probability q = B/N = {b}/{n} = {q:.6g}",
-      "    (shuffling into fixed-size batches is a different mechanism, not covered here);",
-  ]
+  ``epochs_of_steps``: the steps were solved for; the epochs are steps·B/N. ``sampling``: how
+  the batches are drawn (:mod:`jaxrdp.accounting.samplers`)."""
+  lines = {
+      "poisson": [
+          f"  - Poisson sampling: each of the N = {n} examples joins each batch independently "
+          f"with probability q = B/N = {b}/{n} = {q:.6g}",
+          "    (shuffling into fixed-size batches is a different mechanism: --sampling shuffle);",
+      ],
+      "fixed": [
+          f"  - fixed-size batches: each batch is B = {b} of the N = {n} examples drawn uniformly "
+          f"without replacement (q = B/N = {q:.6g});",
+          "  - adjacent datasets differ by replacing one example (the sum of clipped gradients "
+          "moves by up to 2C: the Gaussian's sigma is half the noise multiplier);",
+      ],
+      "shuffle": [
+          f"  - shuffled batches: each epoch the N = {n} examples are permuted and cut into "
+          f"floor(N/B) = {n // b} batches of B = {b} (the remainder dropped or a smaller last "
+          "batch; not carried into the next epoch);",
+          "  - each example takes part in at most one batch per epoch: one Gaussian mechanism per "
+          "epoch, at half the noise multiplier (adjacent datasets differ by replacing one "
+          "example: sensitivity 2C); no amplification by the shuffle is claimed;",
+      ],
+  }[sampling]
   if epochs_of_steps:
     lines.append(f"  - epochs = steps * B / N = {steps} * {b} / {n} = {epochs:.6g};")
   elif steps is not None:

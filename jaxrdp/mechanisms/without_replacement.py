@@ -123,14 +123,14 @@ def rdp_sampled_gaussian_without_replacement(
   validation.check("orders", orders)
   validation.check_broadcast(sampling_rate=sampling_rate, noise_multiplier=noise_multiplier,
                               orders=orders)
-  n_max = _static_max_order(orders, max_order)
+  n_max = static_max_order(orders, max_order)
   q = validation.as_float_array(sampling_rate)
   sigma = validation.as_float_array(noise_multiplier)
   alpha = validation.as_float_array(orders)
-  return _without_replacement(q, sigma, alpha, n_max)
+  return without_replacement_unchecked(q, sigma, alpha, n_max)
 
 
-def _static_max_order(orders, max_order):
+def static_max_order(orders, max_order):
   if max_order is not None:
     if isinstance(max_order, bool) or not isinstance(max_order, (int, np.integer)):
       raise TypeError(f"max_order must be an int, got {type(max_order).__name__}.")
@@ -304,7 +304,7 @@ def _rdp_rows(q, alpha, rows, log_b, log_factorial):
 
 
 @functools.partial(jax.jit, static_argnames=("n_max",))
-def _without_replacement(q, sigma, alpha, n_max):
+def without_replacement_unchecked(q, sigma, alpha, n_max):
   dtype = jnp.result_type(q, sigma, alpha)
   q, sigma, alpha = q.astype(dtype), sigma.astype(dtype), alpha.astype(dtype)
   shape = jnp.broadcast_shapes(q.shape, sigma.shape, alpha.shape)

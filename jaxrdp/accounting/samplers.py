@@ -1,0 +1,160 @@
+r"""How DP-SGD draws its batches, and which neighbouring datasets its ε is about.
+
+ε is a statement about neighbouring datasets, and what the sampler amplifies depends on
+which neighbours: the three samplers here, each with the relation it is accounted under
+(``neighboring`` may say so explicitly; the other relation is an error, never a silent
+choice):
+
+* ``"poisson"`` (add/remove one example): each example joins each batch independently with
+  probability q; the sampled Gaussian mechanism (Mironov, Talwar, Zhang 2019), what Opacus,
+  TF Privacy and dp_accounting's ``PoissonSampledDpEvent`` account. A replacement is a removal
+  and an addition: not offered (it would be group privacy of two).
+* ``"fixed"`` (replace one example, the dataset size n public): each batch is B = q·n examples
+  drawn uniformly without replacement. RDP by Wang, Balle, Kasiviswanathan (2019), Thm. 27
+  (:func:`jaxrdp.rdp_sampled_gaussian_without_replacement`), dp_accounting's
+  ``SampledWithoutReplacementDpEvent``. Replacing one example moves the sum of clipped
+  gradients by up to **2C** (C the clipping norm), so the Gaussian it runs has noise
+  multiplier σ/2 relative to that sensitivity: ε here equals dp_accounting's
+  ``SampledWithoutReplacementDpEvent(n, B, GaussianDpEvent(σ/2))``. Passing σ itself there (as
+  jax_privacy 2.0's ``fixed_dpsgd_event`` does) assumes a sensitivity of C, which a
+  replacement does not have: ε too small. Under add/remove neighbours a fixed batch size has
+  no such bound (the other examples' batches change with n): not offered. No PLD.
+* ``"shuffle"`` (replace one example): each epoch the examples are permuted and cut into
+  ⌊n/B⌋ batches of B (the remainder dropped, or kept as a smaller last batch: an epoch of
+  ⌈n/B⌉ steps, which the ⌊n/B⌋ steps counted here overstate, so both are covered; a pipeline
+  that carries the remainder into the next epoch's first batch can put an example twice in one
+  batch and is not). An example takes part in at most one batch per epoch, so each epoch is,
+  for it, one Gaussian mechanism at noise multiplier σ/2 (as above) and nothing else (the
+  permutation is independent of the data: the bound holds for each one, hence for their
+  mixture); epochs compose.
+  This is the sound account of shuffling without any amplification by the shuffle (which
+  has no matching tight bound for DP-SGD; accounting shuffled batches as Poisson can
+  under-report ε, Chua et al. 2024, "How private are DP-SGD implementations?"). A phase of
+  the schedule is charged once for every epoch it overlaps (an epoch split between two phases
+  is charged to both: an upper bound).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrdp._internal import compilation
+from jaxrdp._internal import validation
+from jaxrdp.accounting.conversion import epsilon_at_orders
+from jaxrdp.mechanisms import without_replacement
+
+SAMPLINGS = ("poisson", "fixed", "shuffle")
+NEIGHBORINGS = ("add_or_remove", "replace_one")
+RELATION = {"poisson": "add_or_remove", "fixed": "replace_one", "shuffle": "replace_one"}
+
+_WHY_NOT = {
+    "poisson": "Poisson sampling is accounted for add_or_remove neighbours (a replacement is a "
+               "removal and an addition: the group privacy of two, not offered)",
+    "fixed": "fixed-size batches are accounted for replace_one neighbours (Wang, Balle, "
+             "Kasiviswanathan 2019: the dataset size is public; under add_or_remove no bound "
+             "of this kind holds)",
+    "shuffle": "shuffled fixed-size batches are accounted for replace_one neighbours (one "
+               "participation per epoch holds for a dataset of a fixed size)",
+}
+
+
+def check_sampling(sampling: str, neighboring: str | None, dataset_size, accountant: str) -> None:
+  """ValueError (naming the argument, the allowed values and the value) for an unknown
+  sampler or relation, a relation the sampler is not accounted under, a ``dataset_size``
+  missing for ``"shuffle"`` or given for another sampler, and ``"fixed"`` with the PLD
+  accountant; TypeError for a ``dataset_size`` that is not an int."""
+  validation.check_choice("sampling", sampling, SAMPLINGS)
+  if neighboring is not None:
+    validation.check_choice("neighboring", neighboring, NEIGHBORINGS)
+    if neighboring != RELATION[sampling]:
+      raise ValueError(f"sampling={sampling!r} with neighboring={neighboring!r} is not offered: "
+                       f"{_WHY_NOT[sampling]}.")
+  if sampling == "shuffle":
+    if dataset_size is None:
+      raise ValueError("sampling='shuffle' needs dataset_size (the number of examples n: the "
+                       "epochs are counted in batches of q·n).")
+    validation.check_int("dataset_size", dataset_size, lo=1)
+  elif dataset_size is not None:
+    raise ValueError(f"dataset_size applies to sampling='shuffle' only; sampling={sampling!r} "
+                     f"got dataset_size={dataset_size!r}.")
+  if sampling == "fixed" and accountant == "pld":
+    raise ValueError("accountant='pld' does not account sampling='fixed' (no tight privacy-loss "
+                     "distribution of sampling without replacement is implemented); use "
+                     "accountant='rdp' (Wang, Balle, Kasiviswanathan 2019).")
+
+
+def check_batches(sampling_rate, dataset_size) -> None:
+  """ValueError where q·n is not a whole batch size of at least one example (concrete q)."""
+  if not validation.is_concrete(sampling_rate):
+    return
+  sizes = np.asarray(sampling_rate, np.float64) * dataset_size
+  whole = np.round(sizes)
+  bad = (np.abs(sizes - whole) > 1e-6 * np.maximum(whole, 1.0)) | (whole < 1)
+  if np.any(bad):
+    example = float(np.asarray(sampling_rate, np.float64)[bad].ravel()[0]) \
+        if np.ndim(sampling_rate) else float(sampling_rate)
+    raise ValueError(f"sampling='shuffle' needs batches of a whole number of examples, at least "
+                     f"one: sampling_rate * dataset_size = {example!r} * {dataset_size} is not.")
+
+
+def whole_batches(q, dataset_size):
+  """Under jit, whether q·n is a whole batch size of at least one example (the mask of
+  :func:`check_batches`); True for concrete ``q`` (checked eagerly)."""
+  if validation.is_concrete(q):
+    return np.True_
+  size = q * dataset_size
+  whole = jnp.round(size)
+  return jnp.all((jnp.abs(size - whole) <= 1e-6 * jnp.maximum(whole, 1.0)) & (whole >= 1))
+
+
+def fixed_rdp(q, sigma, t, orders, n_max):
+  r"""RDP of a schedule of fixed-size batches at each of ``orders`` (1-D): phase i adds
+  :math:`T_i\,\varepsilon'_{\mathrm{WBK}}(\alpha; q_i, \sigma_i/2)` (σ/2: replace-one
+  sensitivity 2C, see the module docstring); ``n_max`` the static largest order computed."""
+  per_step = without_replacement.without_replacement_unchecked(q[:, None], sigma[:, None] / 2,
+                                                                orders[None, :], n_max)
+  return jnp.sum(jnp.where(t[:, None] == 0, 0.0, t[:, None] * per_step), axis=0)
+
+
+@compilation.jit(static_argnames=("n_max", "method"))
+def fixed_epsilon(q, sigma, t, delta, orders, n_max, method="improved"):
+  """ε of fixed-size batches: the best of ``orders`` under the conversion ``method``
+  (:func:`jaxrdp.compute_epsilon`'s). Between integer orders the bound is Corollary 10's
+  interpolation, so the order is not refined beyond the grid."""
+  eps = epsilon_at_orders(orders, fixed_rdp(q, sigma, t, orders, n_max), delta, method)
+  return jnp.min(jnp.where(jnp.isnan(eps), jnp.inf, eps))
+
+
+def max_order(orders) -> int:
+  """The static number of terms of the fixed-size bound for ``orders`` (its default rule)."""
+  return without_replacement.static_max_order(orders, None)
+
+
+def steps_per_epoch(q, dataset_size):
+  """S = ⌊n/B⌋, B = round(q n) (at least one of each): the steps of one epoch of shuffled
+  batches."""
+  batch = jnp.maximum(jnp.round(q * dataset_size), 1.0)
+  return jnp.maximum(jnp.floor(dataset_size / batch), 1.0)
+
+
+def shuffle_participations(q, t, dataset_size):
+  r"""Epochs each phase overlaps: with B = round(q n) and S = ⌊n/B⌋ steps per epoch, phase i
+  covers steps [a_i, a_i + ⌈T_i⌉) (a_i the steps before it) and overlaps
+  :math:`\lfloor (a_i + \lceil T_i\rceil - 1)/S \rfloor - \lfloor a_i/S \rfloor + 1` epochs
+  (none without steps). Each is one participation of an example at most."""
+  per_epoch = steps_per_epoch(q, dataset_size)
+  steps = jnp.ceil(t)
+  start = jnp.cumsum(steps) - steps
+  count = jnp.floor((start + steps - 1) / per_epoch) - jnp.floor(start / per_epoch) + 1
+  return jnp.where(steps > 0, count, 0.0).astype(t.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("dataset_size",))
+def shuffle_schedule(q, sigma, t, dataset_size):
+  """(q, σ, T) of the Gaussian mechanisms that bound shuffled batches: q = 1 (the one batch
+  with the example), σ/2 (replace-one sensitivity 2C) and one step per epoch overlapped."""
+  return jnp.ones_like(q), sigma / 2, shuffle_participations(q, t, dataset_size)
