@@ -19,8 +19,9 @@ from jaxrdp.accounting.pld import PldGrid, pld_delta, pld_epsilon, pld_grid
 from jaxrdp.mechanisms.randomized_response import rdp_randomized_response
 from jaxrdp.mechanisms.relative_gaussian import rdp_relative_gaussian
 from jaxrdp.mechanisms.sampled_gaussian import log_a, rdp_sampled_gaussian
-from jaxrdp.training.sampling import (poisson_max_batch_size, poisson_overflow_probability, poisson_sample,
-                             poisson_truncation_delta)
+from jaxrdp.training.sampling import (fixed_sample, poisson_max_batch_size,
+                                     poisson_overflow_probability, poisson_sample,
+                                     poisson_truncation_delta)
 from jaxrdp.accounting.schedules import ScheduleResult, epsilon_trajectory, optimize_schedule
 from jaxrdp.accounting.sweep import sweep, sweep_noise_multiplier
 from jaxrdp.accounting.sweep_output import read_sweep
@@ -81,6 +82,7 @@ __all__ = [
     "dpsgd_epsilon",
     "epsilon_lower_bound",
     "epsilon_trajectory",
+    "fixed_sample",
     "log_a",
     "optimize_schedule",
     "pld_delta",

@@ -305,6 +305,13 @@ TABLE = {
              + [Bad(np.full((2,), 0.01), ValueError, "not a scalar")],
              max_batch_size=static_int(1),
              max_overflow_probability=real(1e-12, lo=0, hi=1))),
+    "fixed_sample": Api(
+        jaxrdp.fixed_sample,
+        dict(key=jax.random.key(0), dataset_size=1000, batch_size=100),
+        dict(key=[Bad(None, TypeError, "None"), Bad(3, TypeError, "int seed"),
+                  Bad("seed", TypeError, "string"), Bad(1.5, TypeError, "float")],
+             dataset_size=static_int(1),
+             batch_size=static_int(1, hi=1000))),
     "poisson_truncation_delta": Api(
         jaxrdp.poisson_truncation_delta,
         dict(dataset_size=1000, sampling_rate=0.01, max_batch_size=50, steps=100, epsilon=1.0),
@@ -652,6 +659,8 @@ JIT_EXCLUDED = {
     "DEFAULT_ORDERS": "a constant",
     "rdp_spent": "its one argument is an optimizer state, no value with a domain "
                  "(privacy_spent reads the same state and is in the table)",
+    "fixed_sample": "returns indices, no number to make NaN; its sizes are static ints (shapes), "
+                    "checked eagerly also under jit",
     "poisson_sample": "returns indices and a mask, no number to make NaN: a traced invalid rate "
                       "gives an empty batch (its docstring; test_sampling.py)",
     **dict.fromkeys(("audit_statistics", "audit_transform"),

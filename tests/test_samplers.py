@@ -288,3 +288,67 @@ def test_calibrated_steps_of_shuffled_batches_are_whole_epochs():
 def test_calibrating_the_rate_of_shuffled_batches_is_refused():
   with pytest.raises(ValueError, match="does not offer sampling='shuffle'"):
     jaxrdp.calibrate_sampling_rate(8.0, 1e-5, 2.0, 1000, sampling="shuffle")
+
+
+# ----- the sampler and the transform
+
+
+@pytest.mark.parametrize("n, b", [(10, 3), (10, 7), (10, 10), (60_000, 256), (1, 1)])
+def test_fixed_sample_draws_distinct_examples_in_range(n, b):
+  idx = np.asarray(jaxrdp.fixed_sample(jax.random.key(0), n, b))
+  assert idx.shape == (b,) and idx.dtype == np.int32
+  assert len(set(idx.tolist())) == b and idx.min() >= 0 and idx.max() < n
+
+
+@pytest.mark.parametrize("b", [2, 4])   # the direct path (2b <= n) and the complement's
+def test_fixed_sample_is_uniform_over_subsets(b):
+  # Chi-square against the uniform law on the C(5, b) subsets, 50,000 draws with a fixed seed:
+  # the statistic's p-value is far from the 1e-3 rejection level for a uniform sampler (a
+  # smallest-index or modulo-biased sampler fails it).
+  from scipy import stats
+  keys = jax.random.split(jax.random.key(3), 50_000)
+  draws = np.asarray(jax.jit(jax.vmap(lambda k: jnp.sort(jaxrdp.fixed_sample(k, 5, b))))(keys))
+  _, counts = np.unique(draws @ (5 ** np.arange(b)), return_counts=True)
+  assert counts.size == math.comb(5, b)
+  assert stats.chisquare(counts).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("args, error, match", [
+    ((jax.random.key(0), 10, 11), ValueError, r"batch_size must lie in \[1, dataset_size=10\]; got 11"),
+    ((jax.random.key(0), 10, 0), ValueError, "batch_size must be >= 1"),
+    ((jax.random.key(0), 10.0, 3), TypeError, "dataset_size must be a Python int"),
+    ((0, 10, 3), TypeError, "key must be a PRNG key"),
+])
+def test_fixed_sample_names_bad_arguments(args, error, match):
+  with pytest.raises(error, match=match):
+    jaxrdp.fixed_sample(*args)
+
+
+def test_transform_with_fixed_batches_accounts_what_fixed_sample_draws():
+  n, b, delta = 1_000, 50, 1e-5
+  sigma = lambda count: jnp.where(count < 10, 1.0, 1.3)   # a schedule: two segments
+  tx = jaxrdp.dpsgd(0.1, 1.0, sigma, jax.random.key(0), sampling_rate=b / n,
+                    expected_batch_size=b, sampling="fixed")
+  params = jnp.zeros(3)
+
+  @jax.jit
+  def step(state, key):
+    idx = jaxrdp.fixed_sample(key, n, b)
+    grads = jnp.ones((b, 3)) * idx[:, None] / n
+    return tx.update(grads, state, params)[1]
+  state = tx.init(params)
+  for key in jax.random.split(jax.random.key(1), 25):
+    state = step(state, key)
+  eps, _ = jaxrdp.privacy_spent(state, delta)
+  expected = jaxrdp.dpsgd_epsilon(b / n, jnp.array([1.0, 1.3]), jnp.array([10.0, 15.0]), delta,
+                                  sampling="fixed", refine_order=False)
+  assert float(eps) == pytest.approx(float(expected), rel=1e-12)
+
+
+def test_transform_refuses_a_pld_log_for_fixed_batches_and_unknown_samplers():
+  with pytest.raises(ValueError, match="pld_phases applies to sampling='poisson' only"):
+    jaxrdp.differentially_private_aggregate(1.0, 1.0, 0, sampling_rate=0.05, expected_batch_size=50,
+                                            sampling="fixed", pld_phases=4)
+  with pytest.raises(ValueError, match=r"sampling must be one of \('poisson', 'fixed'\), got 'shuffle'"):
+    jaxrdp.differentially_private_aggregate(1.0, 1.0, 0, sampling_rate=0.05, expected_batch_size=50,
+                                            sampling="shuffle")

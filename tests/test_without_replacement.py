@@ -186,13 +186,13 @@ def test_special_values():
 def test_number_of_terms_follows_the_orders():
   # Concrete orders: the largest finite one, rounded up to a power of two, at most 4096; traced
   # orders: 1024; max_order overrides both.
-  from jaxrdp.mechanisms.without_replacement import _static_max_order
-  assert _static_max_order(np.array([1.5, 3.0, np.inf]), None) == 4
-  assert _static_max_order(np.array([3.0, 300.0]), None) == 512
-  assert _static_max_order(np.array([3.0, 1e6]), None) == 4096
-  assert _static_max_order(np.array([3.0, 1e6]), 100) == 100
+  from jaxrdp.mechanisms.without_replacement import static_max_order
+  assert static_max_order(np.array([1.5, 3.0, np.inf]), None) == 4
+  assert static_max_order(np.array([3.0, 300.0]), None) == 512
+  assert static_max_order(np.array([3.0, 1e6]), None) == 4096
+  assert static_max_order(np.array([3.0, 1e6]), 100) == 100
   seen = []
-  jax.jit(lambda o: seen.append(_static_max_order(o, None)) or o)(np.array([2.0]))
+  jax.jit(lambda o: seen.append(static_max_order(o, None)) or o)(np.array([2.0]))
   assert seen == [1024]
 
 

@@ -399,6 +399,20 @@ def sweep(r: dict) -> str:
           f"{f['bitwise_equal']} bitwise equal, the largest difference {f['max_ulps']:.0f} ulps.")
 
 
+def samplers(r: dict) -> str:
+  f = r["figures"]
+  names = {"fixed": "fixed-size batches (`sampling=\"fixed\"`)",
+           "shuffle": "shuffled batches (`sampling=\"shuffle\"`)"}
+  rows = [[names[k], _t(c["first_s"]), _t(c["warm_s"]), _t(c["dp_accounting_s"]), _x(c["ratio"]),
+           f"{c['relative_difference']:.0e}"] for k, c in f["cases"].items()]
+  return (f"ε of {_n(f['steps'])} steps over n = {_n(f['dataset_size'])} examples in batches of "
+          f"{f['batch_size']} (σ = {f['noise_multiplier']:g}, δ = {f['delta']:g}, "
+          f"{f['orders']} orders), against dp_accounting's `RdpAccountant` for replace-one "
+          "neighbours composing the same events:\n\n" +
+          _table(["", "jaxrdp first call", "jaxrdp warm", "dp_accounting", "speed-up",
+                  "ε difference"], rows))
+
+
 def scale(r: dict) -> str:
   p, c = r["figures"]["many_pairs"], r["figures"]["many_orders"]
   return (f"Memory stays bounded at scale (the kernel runs one batch of 65,536 elements at a "
@@ -424,19 +438,21 @@ def gpu(r: dict) -> str:
 
 RENDER = {"bench_user_jit": user_jit, "bench_latency": latency, "bench_rdp_curve": rdp_curve,
           "bench_accounting": accounting, "bench_transform": transform, "bench_pld": pld_,
-          "bench_sweep": sweep, "bench_scale": scale, "bench_gpu": gpu}
+          "bench_sweep": sweep, "bench_scale": scale, "bench_gpu": gpu,
+          "bench_samplers": samplers}
 
 GPU_TITLES = {"bench_gpu": "log-A throughput", "bench_sweep": "`jaxrdp.sweep`",
               "bench_rdp_curve": "RDP curves", "bench_pld": "The PLD accountant",
               "bench_accounting": "Schedules and calibration", "bench_transform": "The DP-SGD step",
               "bench_latency": "Latency", "bench_user_jit": "First calls under your own jit",
-              "bench_scale": "Bounded memory"}
+              "bench_scale": "Bounded memory", "bench_samplers": "Fixed-size and shuffled batches"}
 
 # The CPU page: (heading, benchmark), in order; a heading of None continues the section above.
 SECTIONS = [
     ("## Speed against dp_accounting and optax", None),
     ("### RDP curves", "bench_rdp_curve"),
     ("### Schedules and calibration", "bench_accounting"),
+    ("### Fixed-size and shuffled batches", "bench_samplers"),
     ("### The DP-SGD step against optax", "bench_transform"),
     ("## Latency: what a new user waits for", "bench_latency"),
     ("## First calls under your own jit", "bench_user_jit"),

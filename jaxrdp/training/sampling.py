@@ -173,6 +173,86 @@ def _sample(key, threshold, everything, n, m):
   return jnp.where(mask, idx, 0), mask
 
 
+def fixed_sample(key: jax.Array, dataset_size: int, batch_size: int) -> jax.Array:
+  r"""Indices of a batch of exactly ``batch_size`` distinct examples, uniformly without
+  replacement: int32[B], in no particular order (a static shape; jittable).
+
+  The sampler that ``sampling="fixed"`` accounts (Wang, Balle, Kasiviswanathan 2019: every
+  subset of size B equally likely). Exactly uniform: each round draws the open slots uniformly
+  from [0, N) (32 random bits, rejected above the largest multiple of N: no modulo bias) and
+  opens again every slot whose value an earlier slot holds; no rule depends on the examples'
+  labels, so every subset of size B is equally likely (a relabelling of the examples maps the
+  process onto itself). Expected rounds are few: after the first, about B²/(2N) slots are open
+  and each round leaves a fraction ≤ B/N of them. For B > N/2 the N − B examples left out are
+  drawn this way instead.
+
+  Args:
+    key: a PRNG key, used once (pass a fresh key every step).
+    dataset_size: N, a Python int ≥ 1.
+    batch_size: B, a Python int in [1, N].
+
+  Returns:
+    ``idx`` (int32[B]): ``batch = data[idx]``; every slot is an example (no mask).
+
+  Raises:
+    ValueError: an argument outside its range (named, with the range and the value).
+    TypeError: a key that is not a PRNG key, or sizes that are not ints.
+
+  References:
+    Wang, Balle, Kasiviswanathan, "Subsampled Rényi differential privacy and analytical
+    moments accountant", AISTATS 2019 (sampling without replacement).
+  """
+  if key is None or isinstance(key, (int, np.integer)):
+    raise TypeError("key must be a PRNG key (jax.random.key(...)), split freshly for every "
+                    f"batch; got {key!r}.")
+  validation.canonical_key(key)
+  n = _check_static_int("dataset_size", dataset_size, 1)
+  b = _check_static_int("batch_size", batch_size, 1)
+  if n >= 2 ** 31:
+    raise ValueError(f"dataset_size must be below 2**31 (int32 indices), got {n}.")
+  if b > n:
+    raise ValueError(f"batch_size must lie in [1, dataset_size={n}]; got {b}.")
+  return _fixed_sample(key, n, b)
+
+
+@functools.partial(jax.jit, static_argnames=("n", "b"))
+def _fixed_sample(key, n, b):
+  if 2 * b <= n:
+    return _distinct(key, n, b)
+  left_out = _distinct(key, n, n - b)
+  kept = jnp.ones((n,), bool).at[left_out].set(False)
+  return jnp.nonzero(kept, size=b)[0].astype(jnp.int32)
+
+
+def _distinct(key, n, k):
+  """k distinct values, uniform over the subsets of [0, n) (see :func:`fixed_sample`)."""
+  if k == 0:
+    return jnp.zeros((0,), jnp.int32)
+  limit = (2 ** 32 // n) * n   # bits below this are uniform modulo n
+  position = jnp.arange(k, dtype=jnp.int32)
+
+  def body(carry):
+    key, values, open_ = carry
+    key, draw_key = jax.random.split(key)
+    bits = jax.random.bits(draw_key, (k,), jnp.uint32)
+    accepted = bits < jnp.uint32(limit) if limit < 2 ** 32 else jnp.ones((k,), bool)
+    drawn = (bits % jnp.uint32(n)).astype(jnp.int32)
+    values = jnp.where(open_ & accepted, drawn, values)
+    filled = ~open_ | accepted
+    # A slot is open again if its value sits in an earlier filled slot (or it was rejected):
+    # sort (value, slot) and compare each with its predecessor.
+    key_values = jnp.where(filled, values, n)   # unfilled slots hold no value
+    sorted_values, sorted_slots = lax.sort((key_values, position), num_keys=2)
+    repeated = jnp.concatenate([jnp.zeros((1,), bool),
+                                (sorted_values[1:] == sorted_values[:-1]) & (sorted_values[1:] < n)])
+    repeat = jnp.zeros((k,), bool).at[sorted_slots].set(repeated)
+    return key, values, ~filled | repeat
+
+  init = (key, jnp.zeros((k,), jnp.int32), jnp.ones((k,), bool))
+  _, values, _ = loops.while_loop(lambda c: jnp.any(c[2]), body, init)
+  return values
+
+
 _lgamma = np.vectorize(math.lgamma, otypes=[np.float64])
 
 

@@ -57,6 +57,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxrdp._internal import validation
+from jaxrdp.accounting import samplers
 from jaxrdp.accounting.composition import rdp_curve
 from jaxrdp.training import accountant as rdp_accountant
 from jaxrdp.training.microbatch import ClippedGradSum, batch_size_of, clip_and_sum
@@ -121,6 +122,7 @@ def differentially_private_aggregate(
     orders: jax.typing.ArrayLike | None = None,
     accountant_dtype: Any = None,
     pld_phases: int = 0,
+    sampling: str = "poisson",
 ) -> optax.GradientTransformationExtraArgs:
   r"""Clip per-example gradients, sum, add Gaussian noise once, divide by the expected batch size.
 
@@ -159,6 +161,12 @@ def differentially_private_aggregate(
       run (:class:`PhaseLog`, needs float64), so that ``privacy_spent(..., accountant="pld")``
       accounts schedules, not only constant (q, σ). Default 0: no log, and the state's
       leaves are jaxrdp 0.1.0's.
+    sampling: how the batches are drawn: ``"poisson"`` (the default; :func:`jaxrdp.poisson_sample`)
+      or ``"fixed"``: exactly B examples without replacement (:func:`jaxrdp.fixed_sample`),
+      with ``sampling_rate`` = B/N and ``expected_batch_size`` = B; each step is then accounted
+      for replace-one neighbours (Wang, Balle, Kasiviswanathan 2019, Thm. 27, at σ/2: a
+      replacement moves the clipped sum by up to 2C; see
+      :mod:`jaxrdp.accounting.samplers`). No PLD log (``pld_phases``) for fixed-size batches.
 
   Returns:
     An :class:`optax.GradientTransformationExtraArgs` whose state is a
@@ -185,6 +193,10 @@ def differentially_private_aggregate(
       and pld_phases.ndim == 0 and jnp.issubdtype(pld_phases.dtype, jnp.integer)):
     pld_phases = int(pld_phases)   # optax.inject_hyperparams turns the int into an array
   pld_phases = validation.check_int("pld_phases", pld_phases, lo=0)
+  validation.check_choice("sampling", sampling, ("poisson", "fixed"))
+  if sampling == "fixed" and pld_phases:
+    raise ValueError("pld_phases applies to sampling='poisson' only: fixed-size batches have no "
+                     f"PLD accountant (got pld_phases={pld_phases}).")
   if pld_phases and not jax.config.jax_enable_x64:
     raise TypeError("pld_phases > 0 logs the phases for the PLD accountant, which computes in "
                     "float64: enable 64-bit JAX (jax.config.update('jax_enable_x64', True)).")
@@ -196,6 +208,8 @@ def differentially_private_aggregate(
   if orders.ndim != 1:
     raise ValueError(f"orders must be 1-D, got shape {orders.shape}.")
   fixed = _is_fixed(sampling_rate) and _is_fixed(noise_multiplier)
+  step_curve = rdp_curve if sampling == "poisson" else functools.partial(
+      _without_replacement_curve, n_max=samplers.max_order(orders))
 
   def rdp_now(q, sigma):
     """Per-step RDP of concrete (q, σ), computed now (eagerly), as a read-only NumPy array."""
@@ -214,7 +228,7 @@ def differentially_private_aggregate(
     # Evaluated now even when the transform is built or first used inside a traced function
     # (outside a trace the context changes nothing).
     with jax.ensure_compile_time_eval():
-      value = np.asarray(rdp_curve(q, sigma, 1, orders), dtype)
+      value = np.asarray(step_curve(q, sigma, 1, orders), dtype)
     value.setflags(write=False)
     return value
 
@@ -227,7 +241,7 @@ def differentially_private_aggregate(
     """Per-step RDP of a new segment: now for concrete (q, σ), else in the caller's graph."""
     if validation.is_concrete((q, sigma)):
       return rdp_now(q, sigma)
-    return rdp_curve(q, sigma, 1, orders).astype(dtype)
+    return step_curve(q, sigma, 1, orders).astype(dtype)
 
   def init_fn(params):
     del params
@@ -275,6 +289,13 @@ def differentially_private_aggregate(
     return jax.tree.unflatten(treedef, noised), new_state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _without_replacement_curve(q, sigma, steps, orders, n_max):
+  """Per-step RDP of one step on a fixed-size batch at each of ``orders`` (replace-one: the
+  bound at σ/2, :func:`jaxrdp.accounting.samplers.fixed_rdp`)."""
+  one = lambda v: jnp.reshape(jnp.asarray(v, jnp.result_type(q, sigma)), (1,))
+  return samplers.fixed_rdp(one(q), one(sigma), one(steps), jnp.asarray(orders), n_max)
 
 
 def _clipped_sums(updates, clip, mask, params):
@@ -338,7 +359,8 @@ def dpsgd(learning_rate: optax.ScalarOrSchedule, l2_norm_clip: ScalarOrSchedule,
           sampling_rate: ScalarOrSchedule, expected_batch_size: ScalarOrSchedule,
           momentum: float | None = None, nesterov: bool = False,
           orders: jax.typing.ArrayLike | None = None,
-          accountant_dtype: Any = None, pld_phases: int = 0) -> optax.GradientTransformationExtraArgs:
+          accountant_dtype: Any = None, pld_phases: int = 0,
+          sampling: str = "poisson") -> optax.GradientTransformationExtraArgs:
   r"""DP-SGD: :func:`differentially_private_aggregate`, optional momentum, learning rate.
 
   The same chain as ``optax.contrib.dpsgd`` (aggregate → ``optax.trace`` → learning rate), with
@@ -348,7 +370,7 @@ def dpsgd(learning_rate: optax.ScalarOrSchedule, l2_norm_clip: ScalarOrSchedule,
   Args:
     learning_rate: a float or an optax schedule.
     l2_norm_clip, noise_multiplier, key, sampling_rate, expected_batch_size, orders,
-    accountant_dtype, pld_phases: as in :func:`differentially_private_aggregate`.
+    accountant_dtype, pld_phases, sampling: as in :func:`differentially_private_aggregate`.
     momentum: decay of ``optax.trace``; None for plain SGD.
     nesterov: Nesterov momentum.
 
@@ -373,7 +395,7 @@ def dpsgd(learning_rate: optax.ScalarOrSchedule, l2_norm_clip: ScalarOrSchedule,
       differentially_private_aggregate(
           l2_norm_clip, noise_multiplier, key, sampling_rate=sampling_rate,
           expected_batch_size=expected_batch_size, orders=orders,
-          accountant_dtype=accountant_dtype, pld_phases=pld_phases),
+          accountant_dtype=accountant_dtype, pld_phases=pld_phases, sampling=sampling),
       optax.trace(decay=momentum, nesterov=nesterov) if momentum is not None else optax.identity(),
       optax.scale_by_learning_rate(learning_rate),
   )
