@@ -186,7 +186,9 @@ def dpsgd_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typ
     return validation.nan_where_invalid(valid, eps)
   if sampling == "shuffle":
     valid = validation.combine_masks(valid, samplers.whole_batches(q, dataset_size))
-    q, sigma, t = samplers.shuffle_schedule(q, sigma, t, dataset_size)
+    eps = samplers.shuffle_epsilon(q, sigma, t, delta, grid, dataset_size=dataset_size,
+                                   method=method, refine=bool(refine_order))
+    return validation.nan_where_invalid(valid, eps)
   if method == "classic":
     rdp = jnp.sum(composition.rdp_curve(q, sigma, t, grid), axis=0)
     eps = jnp.min(epsilon_at_orders(grid, rdp, delta, method))
