@@ -19,6 +19,7 @@ References, none computed by the code under test:
 
 from __future__ import annotations
 
+import json
 import math
 
 import jax
@@ -352,3 +353,58 @@ def test_transform_refuses_a_pld_log_for_fixed_batches_and_unknown_samplers():
   with pytest.raises(ValueError, match=r"sampling must be one of \('poisson', 'fixed'\), got 'shuffle'"):
     jaxrdp.differentially_private_aggregate(1.0, 1.0, 0, sampling_rate=0.05, expected_batch_size=50,
                                             sampling="shuffle")
+
+
+# ----- sweeps and the command line
+
+
+@pytest.mark.parametrize("kwargs", [dict(sampling="fixed"),
+                                    dict(sampling="shuffle", dataset_size=60_000)])
+def test_sweep_cells_equal_dpsgd_epsilon_on_the_grid_orders(kwargs):
+  q = np.array([64 / 60_000, 256 / 60_000])
+  sigma, t, delta = np.array([0.8, 2.0]), np.array([0.0, 233.0, 235.0, 14_063.0]), np.array([1e-5])
+  eps = np.asarray(jaxrdp.sweep(q, sigma, t, delta, **kwargs))
+  expected = np.array([[[[float(jaxrdp.dpsgd_epsilon(a, s, n, d, refine_order=False, **kwargs))
+                          for d in delta] for n in t] for s in sigma] for a in q])
+  np.testing.assert_allclose(eps, expected, rtol=1e-12)
+
+
+def test_a_sweep_written_for_one_sampler_is_not_resumed_with_another(tmp_path):
+  pytest.importorskip("pyarrow")
+  axes = (np.array([0.001]), np.array([1.0, 2.0]), np.array([1000.0]), np.array([1e-5]))
+  jaxrdp.sweep(*axes, output=tmp_path / "s", sampling="fixed")
+  with pytest.raises(ValueError, match="its sampler differ"):
+    jaxrdp.sweep(*axes, output=tmp_path / "s", resume=True)
+  again = jaxrdp.sweep(*axes, output=tmp_path / "s", resume=True, sampling="fixed")
+  np.testing.assert_array_equal(jaxrdp.read_sweep(again),
+                                np.asarray(jaxrdp.sweep(*axes, sampling="fixed")))
+
+
+def test_cli_answers_fixed_batches_of_256_over_60000_examples_for_60_epochs(capsys):
+  from jaxrdp.cli import main as cli
+  argv = ["epsilon", "--dataset-size", "60000", "--batch-size", "256", "--epochs", "60",
+          "--noise-multiplier", "1.1", "--delta", "1e-5", "--sampling", "fixed", "--json"]
+  assert cli.main(argv) == 0
+  got = json.loads(capsys.readouterr().out)
+  expected = jaxrdp.dpsgd_epsilon(256 / 60_000, 1.1, 14_063, 1e-5, sampling="fixed")
+  assert got["epsilon"] == pytest.approx(float(expected), rel=1e-12)
+  assert (got["sampling"], got["neighboring"], got["steps"]) == ("fixed", "replace_one", 14_063)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["sweep", "--sampling-rates", "0.01", "--noise-multipliers", "1", "--steps", "10",
+      "--deltas", "1e-5", "--out", "x.csv", "--sampling", "shuffle"], "--dataset-size"),
+    (["sweep", "--sampling-rates", "0.01", "--noise-multipliers", "1", "--steps", "10",
+      "--deltas", "1e-5", "--out", "x.csv", "--dataset-size", "100"], "--dataset-size applies"),
+    (["sweep", "--sampling-rates", "0.0105", "--noise-multipliers", "1", "--steps", "10",
+      "--deltas", "1e-5", "--out", "x.csv", "--sampling", "shuffle", "--dataset-size", "1000"],
+     "whole batches"),
+])
+def test_cli_sweep_names_bad_sampler_flags(argv, message, capsys, tmp_path, monkeypatch):
+  from jaxrdp.cli import main as cli
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(SystemExit) as info:
+    cli.main(argv)
+  assert info.value.code == 2
+  err = capsys.readouterr().err
+  assert err.startswith("jaxrdp: error: ") and message in err, err

@@ -55,11 +55,13 @@ from jax.sharding import Mesh, PartitionSpec
 from jaxrdp._internal import deprecation
 from jaxrdp._internal import loops
 from jaxrdp._internal import validation
+from jaxrdp.accounting import samplers
 from jaxrdp.accounting import sweep_output
 from jaxrdp.accounting.calibration import _calibrate_on_grid, _host_calibration
 from jaxrdp.accounting.epsilon import order_grid
 from jaxrdp.accounting.conversion import compute_epsilon
 from jaxrdp.mechanisms.sampled_gaussian import fill_pending, log_a_and_rdp_at_orders, order_split, order_tables
+from jaxrdp.mechanisms.without_replacement import without_replacement_unchecked
 
 _AXIS = "grid"
 # Items (pairs or searches) are evaluated in blocks of a fixed number, lax.map'ed over a device's
@@ -85,9 +87,11 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
           steps: jax.typing.ArrayLike, deltas: jax.typing.ArrayLike, *,
           orders: jax.typing.ArrayLike | None = None, chunk_size: int | None = None,
           progress: bool = False, devices: Sequence[jax.Device] | None = None,
-          output: str | os.PathLike | None = None, resume: bool = False, gather: bool = True
-          ) -> jax.Array | pathlib.Path:
-  r"""ε of DP-SGD with Poisson sampling over the grid q × σ × steps × δ (all combinations).
+          output: str | os.PathLike | None = None, resume: bool = False, gather: bool = True,
+          sampling: str = "poisson", neighboring: str | None = None,
+          dataset_size: int | None = None) -> jax.Array | pathlib.Path:
+  r"""ε of DP-SGD over the grid q × σ × steps × δ (all combinations); Poisson sampling
+  unless ``sampling`` says otherwise.
 
   .. math:: \varepsilon[i, j, k, l] = \min_\alpha \mathrm{conv}_{\delta_l}\big(\alpha,\;
             T_k\,\varepsilon_{q_i,\sigma_j}(\alpha)\big)
@@ -120,6 +124,12 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
       the whole grid on every process (True, the default: one all-gather at the end), or only
       the cells this process computed, NaN elsewhere (False: no communication). Ignored with
       ``output`` (every process returns the path once every part is written).
+    sampling, neighboring, dataset_size: how the batches are drawn, as in
+      :func:`jaxrdp.dpsgd_epsilon` (:mod:`jaxrdp.accounting.samplers`): ``"fixed"`` takes the
+      per-step RDP of sampling without replacement (at σ/2) in place of the sampled
+      Gaussian's; ``"shuffle"`` (with ``dataset_size``; every q·n a whole number) composes
+      one Gaussian mechanism at σ/2 per epoch, the epochs counted per (q, T). Each cell is
+      then ``dpsgd_epsilon(q, σ, T, δ, orders=orders, refine_order=False, sampling=...)``.
 
   Several processes (``jax.distributed``: one per host, or per GPU): the same call on every
   process spreads the chunks over the processes (chunk i on process i mod P), each computing
@@ -147,6 +157,9 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
   sigma = _grid_axis("noise_multipliers", noise_multipliers, "noise_multiplier")
   t = _grid_axis("steps", steps, "steps")
   delta = _grid_axis("deltas", deltas, "delta")
+  samplers.check_sampling(sampling, neighboring, dataset_size, "rdp")
+  if sampling == "shuffle":
+    samplers.check_batches(sampling_rates, dataset_size)
   dtype = jnp.result_type(q, sigma, t)   # as dpsgd_epsilon: δ is cast to the schedule's dtype
   grid = _order_grid(orders, dtype)
   mesh = _mesh(devices)
@@ -171,7 +184,8 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
   if output is not None:
     output = pathlib.Path(os.fspath(output))
     spec = sweep_output.definition((q, sigma, t, delta), grid, dtype, chunk, n_chunks,
-                                   mesh.devices.size)
+                                   mesh.devices.size,
+                                   {"sampling": sampling, "dataset_size": dataset_size})
     # Process 0 prepares the directory; the others join it once it has (a barrier).
     if me == 0:
       skip |= sweep_output.open_output(output, spec, resume)
@@ -193,7 +207,10 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
 
   split = order_split(grid)
   tables = order_tables(grid, split)
-  per_step_fn, epsilon_fn = _per_step_rdp_fn(mesh, block, split), _epsilon_fn(mesh, block)
+  per_step_fn = {"poisson": lambda: _per_step_rdp_fn(mesh, block, split),
+                 "fixed": lambda: _fixed_rdp_fn(mesh, block, samplers.max_order(grid)),
+                 "shuffle": lambda: _gaussian_rdp_fn(mesh, block)}[sampling]()
+  epsilon_fn = _epsilon_fn(mesh, block, sampling == "shuffle")
   # The result (NaN where another process computes), or with ``output`` the chunk being
   # collected (written when complete).
   out = np.full((n_pairs, n_combos) if output is None else (chunk, n_combos), np.nan, dtype)
@@ -210,8 +227,11 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
       pending = np.asarray(pending)
       if pending.any():   # rare: the per-order quadrature, compiled only when needed
         rdp = fill_pending(rdp, pending, qc, sc, grid)
+      # Shuffled batches: each pair's steps per epoch (the epochs are counted from T there).
+      per_epoch = (np.asarray(samplers.steps_per_epoch(qc, dataset_size), dtype)
+                   if sampling == "shuffle" else np.ones((qc.size,), dtype))
       for c in range(n_calls):
-        yield idx, c, epsilon_fn(rdp, combo_t[c], combo_d[c], grid)
+        yield idx, c, epsilon_fn(rdp, per_epoch, combo_t[c], combo_d[c], grid)
 
   def collect(task, bar):
     idx, c, eps = task
@@ -387,17 +407,48 @@ def _per_step_rdp_fn(mesh, block, split):
 
 
 @functools.lru_cache(maxsize=None)
-def _epsilon_fn(mesh, block):
-  """Per-step RDP (pairs, K), T and δ of shape (combo blocks, _COMBO_BLOCK) -> ε of shape
-  (pairs, combos)."""
-  def local(rdp, combo_t, combo_d, grid):
-    def one_block(rdp):
+def _fixed_rdp_fn(mesh, block, n_max):
+  """:func:`_per_step_rdp_fn` for fixed-size batches: the bound of sampling without
+  replacement at σ/2 (:func:`jaxrdp.accounting.samplers.fixed_rdp`), nothing left open."""
+  def local(q, sigma, grid, tables):
+    del tables
+    def one_block(q, s):
+      rdp = without_replacement_unchecked(q[:, None], s[:, None] / 2, grid[None, :], n_max)
+      return rdp, jnp.zeros(rdp.shape, bool)
+    return _in_blocks(one_block, block, q, sigma)
+  return _sharded(local, mesh, 2, 2)
+
+
+@functools.lru_cache(maxsize=None)
+def _gaussian_rdp_fn(mesh, block):
+  """:func:`_per_step_rdp_fn` for shuffled batches: the RDP of one participation, a Gaussian
+  mechanism at σ/2, 2α/σ² (+inf at σ = 0); q enters through the epochs."""
+  def local(q, sigma, grid, tables):
+    del q, tables
+    s = sigma[:, None]
+    rdp = jnp.where(s > 0, 2 * grid[None, :] / jnp.where(s > 0, s, 1.0) ** 2, jnp.inf)
+    return rdp, jnp.zeros(rdp.shape, bool)
+  return _sharded(local, mesh, 2, 2)
+
+
+@functools.lru_cache(maxsize=None)
+def _epsilon_fn(mesh, block, epochs):
+  """Per-step RDP (pairs, K), each pair's steps per epoch (pairs,), T and δ of shape (combo
+  blocks, _COMBO_BLOCK) -> ε of shape (pairs, combos). ``epochs`` (static): T steps count as
+  the epochs they overlap, ⌊(T − 1)/S⌋ + 1 (shuffled batches), not as T."""
+  def local(rdp, per_epoch, combo_t, combo_d, grid):
+    def one_block(rdp, per_epoch):
       def one_combo_block(t, d):
-        return compute_epsilon(grid, _compose(rdp[:, None, :], t[None, :, None]), d[None, :])[0]
+        t = t[None, :, None]
+        if epochs:
+          steps = jnp.ceil(t)
+          s = per_epoch[:, None, None]
+          t = jnp.where(steps > 0, jnp.floor((steps - 1) / s) + 1, 0.0)
+        return compute_epsilon(grid, _compose(rdp[:, None, :], t), d[None, :])[0]
       eps = loops.map(lambda td: one_combo_block(*td), (combo_t, combo_d))  # (blocks, pairs, 8)
       return jnp.moveaxis(eps, 0, 1).reshape(rdp.shape[0], -1)
-    return _in_blocks(one_block, block, rdp)
-  return _sharded(local, mesh, 1, 3)
+    return _in_blocks(one_block, block, rdp, per_epoch)
+  return _sharded(local, mesh, 2, 3)
 
 
 @functools.lru_cache(maxsize=None)

@@ -40,14 +40,19 @@ def _pyarrow():
   return pa, pq
 
 
-def definition(axes, orders, dtype, chunk, n_chunks, devices) -> dict:
+def definition(axes, orders, dtype, chunk, n_chunks, devices, sampler=None) -> dict:
   """The grid's definition and chunk layout, as ``_sweep.json`` holds it (floats exact:
-  JSON writes the shortest repr, which reads back to the same double)."""
-  return {"format": FORMAT, **{name: [float(v) for v in axis]
+  JSON writes the shortest repr, which reads back to the same double). ``sampler``: the
+  sampler's arguments where they are not Poisson's (absent otherwise: files written before
+  samplers read the same)."""
+  spec = {"format": FORMAT, **{name: [float(v) for v in axis]
                                for name, axis in zip(("sampling_rates", "noise_multipliers",
                                                       "steps", "deltas"), axes)},
           "orders": [float(v) for v in orders], "dtype": np.dtype(dtype).name,
           "pairs_per_chunk": int(chunk), "chunks": int(n_chunks), "devices": int(devices)}
+  if sampler and sampler.get("sampling", "poisson") != "poisson":
+    spec["sampler"] = dict(sampler)
+  return spec
 
 
 def open_output(path, spec: dict, resume: bool) -> set[int]:
@@ -87,11 +92,11 @@ def _check_same(path, spec):
   """ValueError naming what differs where ``path`` holds another sweep than ``spec``."""
   with open(pathlib.Path(path) / _DEFINITION) as f:
     found = json.load(f)
-  differ = [k for k in spec if found.get(k) != spec[k]]
+  differ = [k for k in dict(found, **spec) if found.get(k) != spec.get(k)]
   if differ:
     raise ValueError(f"output={str(path)!r} holds a different sweep (its {', '.join(differ)} "
                      "differ from this call's): resume it with the same grid, orders, dtype, "
-                     "chunk_size and devices, or write elsewhere.")
+                     "sampler, chunk_size and devices, or write elsewhere.")
 
 
 def _part(path, index):

@@ -184,6 +184,10 @@ def _build_parser() -> argparse.ArgumentParser:
   p.add_argument("--progress", action="store_true", help="show a progress bar (needs tqdm)")
   p.add_argument("--resume", action="store_true",
                  help="complete an interrupted sweep written to --out FILE.parquet")
+  add_sampling(p)
+  add_optional(p, "--dataset-size", "count", whole,
+               "number of training examples N {} (with --sampling shuffle: epochs of "
+               "floor(N/B) steps, B = q*N)")
   p.set_defaults(func=sweep.cmd_sweep)
   return parser
 

@@ -21,6 +21,10 @@ included, evenly spaced (lin, the default) or log-spaced (log; START, STOP > 0).
   --steps 100,1000,10000               --deltas 1e-5,1e-6
 Range values of --steps are rounded to whole numbers (duplicates dropped).
 
+Batches: Poisson (default); --sampling fixed (batches of q*N drawn without replacement) or
+--sampling shuffle with --dataset-size N (a permutation per epoch), both for replace-one
+neighbours (see the docs' "Which sampler, which accountant").
+
 Output: --out FILE.csv writes one row per grid point, columns
 sampling_rate,noise_multiplier,steps,delta,epsilon (epsilon at the best grid order, as
 jaxrdp.sweep / dpsgd_epsilon(refine_order=False)); --out FILE.parquet (needs pyarrow) is a
@@ -105,6 +109,22 @@ def _write_heatmap(path, q, sigma, eps, steps, delta) -> None:
   fig.savefig(path, dpi=100)
 
 
+def _sampler(args) -> dict:
+  """The sweep's sampler arguments for --sampling (bad input where they do not fit)."""
+  if args.sampling != "shuffle":
+    if args.dataset_size is not None:
+      fail("--dataset-size applies to --sampling shuffle only")
+    return {"sampling": args.sampling}
+  if args.dataset_size is None:
+    fail("--sampling shuffle needs --dataset-size (epochs are counted in batches of q*N)")
+  sizes = np.asarray(args.sampling_rates, np.float64) * args.dataset_size
+  bad = np.abs(sizes - np.round(sizes)) > 1e-6 * np.maximum(np.round(sizes), 1.0)
+  if np.any(bad | (np.round(sizes) < 1)):
+    fail(f"--sampling shuffle needs whole batches: --sampling-rates times --dataset-size must "
+         f"be whole numbers of at least 1, got {fmt(sizes[bad | (np.round(sizes) < 1)][0])}")
+  return {"sampling": "shuffle", "dataset_size": args.dataset_size}
+
+
 def cmd_sweep(args, out) -> None:
   if args.out is None and args.heatmap is None:
     fail("--out (a .csv or .parquet file) or --heatmap (a .png file) is required")
@@ -137,17 +157,18 @@ def cmd_sweep(args, out) -> None:
       fail("--progress needs tqdm: pip install tqdm")
   axes = (args.sampling_rates, args.noise_multipliers, args.steps, args.deltas)
   orders = None if args.orders is None else grid(args.orders)
+  sampler = _sampler(args)
   with jax.enable_x64(True):
     if streamed:
       try:
         _sweep(*axes, orders=orders, chunk_size=args.chunk_size, progress=args.progress,
-               output=args.out, resume=args.resume)
+               output=args.out, resume=args.resume, **sampler)
       except (OSError, ValueError) as err:
         fail(f"--out cannot be written: {' '.join(str(err).split())}")
       shape, span, plane = _streamed_summary(args.out, t_index, d_index)
     else:
       eps = np.asarray(_sweep(*axes, orders=orders, chunk_size=args.chunk_size,
-                              progress=args.progress))
+                              progress=args.progress, **sampler))
       finite = eps[np.isfinite(eps)]
       shape, plane = eps.shape, eps[:, :, t_index, d_index]
       span = (finite.min(), finite.max()) if finite.size else None
@@ -172,5 +193,7 @@ def cmd_sweep(args, out) -> None:
       fail(f"--heatmap cannot be written: {' '.join(str(err).split())}")
     wrote.append(f"wrote {args.heatmap} (epsilon at steps = {int(steps)}, delta = {delta:g})")
   text = f"ε from {span[0]:.4g} to {span[1]:.4g}" if span is not None else "ε not finite"
-  headline(out, f"{text} over {size} grid points (RDP, grid orders)")
+  how = {"poisson": "", "fixed": ", fixed-size batches, replace-one neighbours",
+         "shuffle": ", shuffled batches, replace-one neighbours"}[args.sampling]
+  headline(out, f"{text} over {size} grid points (RDP, grid orders{how})")
   print("\n".join(wrote), file=out)
