@@ -65,6 +65,18 @@ _KILLED_WHILE_WRITING = textwrap.dedent("""
     """ % CHUNK)
 
 
+def test_written_counts_the_pairs_of_the_parts_on_disk(tmp_path):
+  # How process 0 reads a multi-process sweep's progress: from the parts in the directory.
+  out = tmp_path / "grid.parquet"
+  jaxrdp.sweep(*AXES, chunk_size=CHUNK, output=str(out))
+  spec = sweep_output._spec(out)
+  assert sweep_output.written(out, spec) == 105
+  (out / "part-000002.parquet").unlink()   # the last chunk: 105 - 2 * 48 = 9 pairs
+  assert sweep_output.written(out, spec) == 96
+  (out / "part-000000.parquet").unlink()
+  assert sweep_output.written(out, spec) == 48
+
+
 def test_a_sweep_killed_mid_write_resumes_to_the_same_files(tmp_path):
   whole, killed = tmp_path / "whole", tmp_path / "killed"
   jaxrdp.sweep(*AXES, chunk_size=CHUNK, output=whole)

@@ -32,6 +32,15 @@ _CHILD = textwrap.dedent("""
     np.save(f"{out}/whole-{index}.npy", np.asarray(jaxrdp.sweep(*axes, chunk_size=96)))
     np.save(f"{out}/own-{index}.npy", np.asarray(jaxrdp.sweep(*axes, chunk_size=96, gather=False)))
     jaxrdp.sweep(*axes, chunk_size=96, output=f"{out}/parts")
+    # 5 targets x 8 rates x 5 step counts x 2 deltas = 400 cells in five chunks of 96 (two
+    # blocks of 24 cells on each of 2 devices).
+    calibration = dict(deltas=np.array([1e-5, 1e-8]), sampling_rates=np.geomspace(1e-3, 0.1, 8),
+                       steps=np.array([10.0, 100.0, 1e3, 1e4, 1e5]), chunk_size=96)
+    targets = np.array([0.5, 1.0, 2.0, 4.0, 8.0])
+    np.save(f"{out}/sigma-{index}.npy",
+            np.asarray(jaxrdp.sweep_noise_multiplier(targets, **calibration)))
+    np.save(f"{out}/sigma-own-{index}.npy",
+            np.asarray(jaxrdp.sweep_noise_multiplier(targets, gather=False, **calibration)))
     """)
 
 
@@ -65,11 +74,17 @@ def one_process(tmp_path_factory):
   return out
 
 
-@pytest.mark.parametrize("processes", [2, 4])
-def test_a_sweep_over_processes_equals_one_process_bitwise(tmp_path, one_process, processes):
+@pytest.fixture(scope="module", params=[2, 4])
+def many_processes(request, tmp_path_factory):
+  """(P, the folder of a run over P processes): one run per P, for every test of the file."""
+  out = str(tmp_path_factory.mktemp("sweep") / f"many-{request.param}")
+  _run(request.param, out)
+  return request.param, out
+
+
+def test_a_sweep_over_processes_equals_one_process_bitwise(one_process, many_processes):
   import jaxrdp
-  many = str(tmp_path / "many")
-  _run(processes, many)
+  processes, many = many_processes
   reference = np.load(f"{one_process}/whole-0.npy")
   chunk_of_pair = np.arange(400) // 96   # the chunk of each (q, σ) pair
   for i in range(processes):
@@ -81,3 +96,18 @@ def test_a_sweep_over_processes_equals_one_process_bitwise(tmp_path, one_process
     assert np.isnan(own[~mine]).all()
   np.testing.assert_array_equal(jaxrdp.read_sweep(f"{many}/parts"), reference)
   assert _files(f"{many}/parts") == _files(f"{one_process}/parts")
+
+
+def test_sweep_noise_multiplier_over_processes_equals_one_process_bitwise(one_process,
+                                                                          many_processes):
+  processes, many = many_processes
+  reference = np.load(f"{one_process}/sigma-0.npy")
+  assert np.isfinite(reference).all()
+  chunk_of_cell = np.arange(reference.size) // 96
+  for i in range(processes):
+    np.testing.assert_array_equal(np.load(f"{many}/sigma-{i}.npy"), reference)   # bitwise
+    own = np.load(f"{many}/sigma-own-{i}.npy").ravel()
+    mine = chunk_of_cell % processes == i
+    assert mine.any()
+    np.testing.assert_array_equal(own[mine], reference.ravel()[mine])
+    assert np.isnan(own[~mine]).all()

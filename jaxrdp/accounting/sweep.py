@@ -137,7 +137,8 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
   number of local devices. A cell's value depends on the number of local devices, not on the
   number of processes (bitwise: each process runs the program a one-process sweep on that many
   devices runs). With ``output`` every process writes its own parts (to a file system they
-  share) and the progress bar, if asked for, is process 0's share of the work.
+  share), and the progress bar, if asked for, is process 0's: the parts every process has
+  written, read from the directory as process 0 goes (without ``output``, its own share).
 
   Returns:
     ε of shape (Q, S, T, D), in the floating dtype of ``sampling_rates``, ``noise_multipliers``
@@ -240,11 +241,19 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
     out[rows, lo:hi] = np.asarray(eps)[:idx.size, :hi - lo]
     if output is not None and c == n_calls - 1:
       writer.submit(idx[0] // chunk, idx, out[:idx.size].copy())
-    if bar is not None:
+    if bar is None:
+      return
+    if across:   # every process's parts on the shared file system
+      bar.n = max(bar.n, sweep_output.written(output, spec) * n_combos)
+      bar.refresh()
+    else:
       bar.update(idx.size * (hi - lo))
 
   remaining = n_pairs - sum(min(chunk, n_pairs - i * chunk) for i in skip)
   progress_bar = progress_bar if me == 0 else None
+  # Process 0 reports: with output, the parts every process has written (read from the
+  # directory as it goes); without, its own share.
+  across = output is not None and n_proc > 1
   if output is None:
     _run_pipelined(tasks(), collect, progress_bar, remaining * n_combos)
     if n_proc > 1 and gather:   # each chunk from the process that computed it
@@ -254,8 +263,9 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
       out = every[(rows // chunk) % n_proc, rows]
     return jnp.asarray(out.reshape(q.size, sigma.size, t.size, delta.size))
   writer = sweep_output.PartWriter(output, (q, sigma, t, delta))
+  total = n_pairs * n_combos if across else remaining * n_combos
   try:
-    _run_pipelined(tasks(), collect, progress_bar, remaining * n_combos)
+    _run_pipelined(tasks(), collect, progress_bar, total)
   finally:
     writer.close()
   _barrier(n_proc, "jaxrdp.sweep: parts written")
@@ -288,7 +298,8 @@ def sweep_noise_multiplier(target_epsilons: jax.typing.ArrayLike, *,
                            steps: jax.typing.ArrayLike,
                            orders: jax.typing.ArrayLike | None = None,
                            chunk_size: int | None = None, progress: bool = False,
-                           devices: Sequence[jax.Device] | None = None) -> jax.Array:
+                           devices: Sequence[jax.Device] | None = None,
+                           gather: bool = True) -> jax.Array:
   r"""Smallest noise multiplier σ meeting each target ε, over the grid of targets, δ, q and T.
 
   Cell by cell the same search as :func:`jaxrdp.calibrate_noise_multiplier` (bracketed
@@ -316,6 +327,10 @@ def sweep_noise_multiplier(target_epsilons: jax.typing.ArrayLike, *,
       device. Results do not depend on it.
     progress: show a progress bar (needs ``tqdm``).
     devices: the devices to spread the work over (default: all local devices).
+    gather: in a multi-process run (``jax.distributed``), every process gets the whole grid
+      (True, one all-gather at the end) or only the cells it computed, NaN elsewhere (False).
+      As in :func:`sweep`: chunk i on process i mod P, each on its local devices, the cells
+      bitwise those of one process with as many local devices.
 
   Returns:
     σ of shape (E, Q, T, D), in the floating dtype of ``sampling_rates`` and ``steps``. NaN
@@ -346,11 +361,14 @@ def sweep_noise_multiplier(target_epsilons: jax.typing.ArrayLike, *,
   split = order_split(grid)
   tables = order_tables(grid, split)
   search_fn = _search_fn(mesh, block, split)
-  out = np.empty(n_cells, dtype)
+  gather = validation.check_bool("gather", gather)
+  n_proc, me = _processes(devices, mesh)
+  out = np.full(n_cells, np.nan, dtype)   # NaN where another process computes
   filler = (1.0, 0.5, 0.0, 0.5)   # target ε = 1, q = 1/2, T = 0, δ = 1/2: found at once
+  starts = [s for s in range(0, n_cells, chunk) if (s // chunk) % n_proc == me]
 
   def tasks():
-    for start in range(0, n_cells, chunk):
+    for start in starts:
       idx = np.arange(start, min(start + chunk, n_cells))
       cell = np.unravel_index(idx, shape)
       args = [_pad(v[i], chunk, f) for v, i, f in zip(axes, cell, filler)]
@@ -368,7 +386,13 @@ def sweep_noise_multiplier(target_epsilons: jax.typing.ArrayLike, *,
     if bar is not None:
       bar.update(idx.size)
 
-  _run_pipelined(tasks(), collect, progress_bar, n_cells)
+  mine = sum(min(chunk, n_cells - start) for start in starts)
+  _run_pipelined(tasks(), collect, progress_bar if me == 0 else None, mine)
+  if n_proc > 1 and gather:   # each chunk from the process that computed it
+    from jax.experimental import multihost_utils
+    every = np.asarray(multihost_utils.process_allgather(out))
+    cells = np.arange(n_cells)
+    out = every[(cells // chunk) % n_proc, cells]
   return jnp.asarray(out.reshape(shape))
 
 

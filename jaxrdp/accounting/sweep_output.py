@@ -99,6 +99,14 @@ def _check_same(path, spec):
                      "sampler, chunk_size and devices, or write elsewhere.")
 
 
+def written(path, spec) -> int:
+  """How many of the sweep's pairs the parts in ``path`` hold now (parts written by any
+  process: how a multi-process sweep's progress is read)."""
+  chunk, n_chunks = spec["pairs_per_chunk"], spec["chunks"]
+  pairs = len(spec["sampling_rates"]) * len(spec["noise_multipliers"])
+  return sum(min(chunk, pairs - i * chunk) for i in range(n_chunks) if _part(path, i).exists())
+
+
 def _part(path, index):
   return pathlib.Path(path) / f"part-{index:06d}.parquet"
 
