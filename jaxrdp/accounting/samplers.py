@@ -146,9 +146,9 @@ def shuffle_participations(q, t, dataset_size):
   covers steps [a_i, a_i + ⌈T_i⌉) (a_i the steps before it) and overlaps
   :math:`\lfloor (a_i + \lceil T_i\rceil - 1)/S \rfloor - \lfloor a_i/S \rfloor + 1` epochs
   (none without steps). Each is one participation of an example at most. Exact while the
-  step counts are whole numbers the dtype holds exactly (below 2^24 in float32, 2^53 in
-  float64): quotients of such integers round to the integer they equal, or past it only
-  upward of ⌊(a_i + ⌈T_i⌉ − 1)/S⌋ at counts beyond those."""
+  steps up to the end of the schedule stay below 2^24 in float32 (2^53 in float64): a
+  quotient of two such whole numbers is rounded correctly, and it is at least 1/a below the
+  next integer when not one itself, so its floor is exact."""
   per_epoch = steps_per_epoch(q, dataset_size)
   steps = jnp.ceil(t)
   start = jnp.cumsum(steps) - steps
