@@ -19,11 +19,11 @@ choice):
   jax_privacy 2.0's ``fixed_dpsgd_event`` does) assumes a sensitivity of C, which a
   replacement does not have: ε too small. Under add/remove neighbours a fixed batch size has
   no such bound (the other examples' batches change with n): not offered. No PLD.
-* ``"shuffle"`` (replace one example): each epoch the examples are permuted and cut into
-  ⌊n/B⌋ batches of B (the remainder dropped, or kept as a smaller last batch: an epoch of
-  ⌈n/B⌉ steps, which the ⌊n/B⌋ steps counted here overstate, so both are covered; a pipeline
+* ``"shuffle"`` (replace one example, one batch size B for the whole schedule): each epoch the
+  examples are permuted and cut into ⌊n/B⌋ batches of B (the remainder dropped, or kept as a
+  smaller last batch: epochs of ⌈n/B⌉ steps; both are counted, the larger charged; a pipeline
   that carries the remainder into the next epoch's first batch can put an example twice in one
-  batch and is not). An example takes part in at most one batch per epoch, so each epoch is,
+  batch and is not covered). An example takes part in at most one batch per epoch, so each epoch is,
   for it, one Gaussian mechanism at noise multiplier σ/2 (as above) and nothing else (the
   permutation is independent of the data: the bound holds for each one, hence for their
   mixture); epochs compose.
@@ -88,10 +88,16 @@ def check_sampling(sampling: str, neighboring: str | None, dataset_size, account
 
 
 def check_batches(sampling_rate, dataset_size) -> None:
-  """ValueError where q·n is not a whole batch size of at least one example (concrete q)."""
+  """ValueError where q·n is not a whole batch size of at least one example, or differs
+  between phases (the epochs are cut in batches of one size), for concrete q."""
   if not validation.is_concrete(sampling_rate):
     return
-  sizes = np.asarray(sampling_rate, np.float64) * dataset_size
+  rates = np.asarray(sampling_rate, np.float64)
+  if rates.size > 1 and np.any(rates != rates.ravel()[0]):
+    raise ValueError("sampling='shuffle' needs one batch size for the whole schedule (the epochs "
+                     f"are cut in batches of q·n): sampling_rate varies between phases, "
+                     f"{float(rates.min())!r} to {float(rates.max())!r}.")
+  sizes = rates * dataset_size
   whole = np.round(sizes)
   bad = (np.abs(sizes - whole) > 1e-6 * np.maximum(whole, 1.0)) | (whole < 1)
   if np.any(bad):
@@ -102,13 +108,14 @@ def check_batches(sampling_rate, dataset_size) -> None:
 
 
 def whole_batches(q, dataset_size):
-  """Under jit, whether q·n is a whole batch size of at least one example (the mask of
-  :func:`check_batches`); True for concrete ``q`` (checked eagerly)."""
+  """Under jit, whether q·n is one whole batch size of at least one example for every phase
+  (the mask of :func:`check_batches`); True for concrete ``q`` (checked eagerly)."""
   if validation.is_concrete(q):
     return np.True_
   size = q * dataset_size
   whole = jnp.round(size)
-  return jnp.all((jnp.abs(size - whole) <= 1e-6 * jnp.maximum(whole, 1.0)) & (whole >= 1))
+  return jnp.all((jnp.abs(size - whole) <= 1e-6 * jnp.maximum(whole, 1.0)) & (whole >= 1)
+                 & (q == jnp.ravel(q)[0]))
 
 
 def fixed_rdp(q, sigma, t, orders, n_max):
@@ -136,23 +143,39 @@ def max_order(orders) -> int:
 
 def steps_per_epoch(q, dataset_size):
   """S = ⌊n/B⌋, B = round(q n) (at least one of each): the steps of one epoch of shuffled
-  batches."""
+  batches when the remainder is dropped."""
   batch = jnp.maximum(jnp.round(q * dataset_size), 1.0)
   return jnp.maximum(jnp.floor(dataset_size / batch), 1.0)
 
 
+def epochs_from_start(steps, per_epoch):
+  """Epochs of ``per_epoch`` steps (:func:`steps_per_epoch`) that ``steps`` steps from the start
+  overlap: ⌊(⌈T⌉ − 1)/S⌋ + 1 (0 without steps); from the start, the shorter epochs give the
+  larger count (:func:`shuffle_participations` for one phase)."""
+  steps = jnp.ceil(steps)
+  return jnp.where(steps > 0, jnp.floor((steps - 1) / per_epoch) + 1, 0.0)
+
+
 def shuffle_participations(q, t, dataset_size):
-  r"""Epochs each phase overlaps: with B = round(q n) and S = ⌊n/B⌋ steps per epoch, phase i
-  covers steps [a_i, a_i + ⌈T_i⌉) (a_i the steps before it) and overlaps
-  :math:`\lfloor (a_i + \lceil T_i\rceil - 1)/S \rfloor - \lfloor a_i/S \rfloor + 1` epochs
-  (none without steps). Each is one participation of an example at most. Exact while the
-  steps up to the end of the schedule stay below 2^24 in float32 (2^53 in float64): a
-  quotient of two such whole numbers is rounded correctly, and it is at least 1/a below the
-  next integer when not one itself, so its floor is exact."""
-  per_epoch = steps_per_epoch(q, dataset_size)
+  r"""Epochs each phase overlaps. With B = round(q n), an epoch is S = ⌊n/B⌋ steps (the
+  remainder dropped) or ⌈n/B⌉ (kept as a smaller last batch); phase i covers steps
+  [a_i, a_i + ⌈T_i⌉) (a_i the steps before it) and overlaps
+  :math:`\lfloor (a_i + \lceil T_i
+ceil - 1)/S 
+floor - \lfloor a_i/S 
+floor + 1` epochs of
+  S steps (none without steps): the larger of the counts for the two epoch lengths (a phase
+  that starts inside the schedule can overlap more of the longer epochs). Each epoch is one
+  participation of an example at most. Exact while the steps up to the end of the schedule
+  stay below 2^24 in float32 (2^53 in float64): a quotient of two such whole numbers is
+  rounded correctly, and it is at least 1/a below the next integer when not one itself, so
+  its floor is exact."""
+  batch = jnp.maximum(jnp.round(q * dataset_size), 1.0)
   steps = jnp.ceil(t)
   start = jnp.cumsum(steps) - steps
-  count = jnp.floor((start + steps - 1) / per_epoch) - jnp.floor(start / per_epoch) + 1
+  overlapped = lambda s: jnp.floor((start + steps - 1) / s) - jnp.floor(start / s) + 1
+  count = jnp.maximum(overlapped(steps_per_epoch(q, dataset_size)),
+                      overlapped(jnp.maximum(jnp.ceil(dataset_size / batch), 1.0)))
   return jnp.where(steps > 0, count, 0.0).astype(t.dtype)
 
 

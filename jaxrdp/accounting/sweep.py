@@ -159,8 +159,9 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
   t = _grid_axis("steps", steps, "steps")
   delta = _grid_axis("deltas", deltas, "delta")
   samplers.check_sampling(sampling, neighboring, dataset_size, "rdp")
-  if sampling == "shuffle":
-    samplers.check_batches(sampling_rates, dataset_size)
+  if sampling == "shuffle":   # every rate of the grid its own schedule
+    for rate in np.ravel(np.asarray(sampling_rates, np.float64)):
+      samplers.check_batches(rate, dataset_size)
   dtype = jnp.result_type(q, sigma, t)   # as dpsgd_epsilon: δ is cast to the schedule's dtype
   grid = _order_grid(orders, dtype)
   mesh = _mesh(devices)
@@ -465,9 +466,7 @@ def _epsilon_fn(mesh, block, epochs):
       def one_combo_block(t, d):
         t = t[None, :, None]
         if epochs:
-          steps = jnp.ceil(t)
-          s = per_epoch[:, None, None]
-          t = jnp.where(steps > 0, jnp.floor((steps - 1) / s) + 1, 0.0)
+          t = samplers.epochs_from_start(t, per_epoch[:, None, None])
         return compute_epsilon(grid, _compose(rdp[:, None, :], t), d[None, :])[0]
       eps = loops.map(lambda td: one_combo_block(*td), (combo_t, combo_d))  # (blocks, pairs, 8)
       return jnp.moveaxis(eps, 0, 1).reshape(rdp.shape[0], -1)
