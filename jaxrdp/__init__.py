@@ -22,7 +22,8 @@ from jaxrdp.mechanisms.sampled_gaussian import log_a, rdp_sampled_gaussian
 from jaxrdp.training.sampling import (fixed_sample, poisson_max_batch_size,
                                      poisson_overflow_probability, poisson_sample,
                                      poisson_truncation_delta)
-from jaxrdp.accounting.schedules import ScheduleResult, epsilon_trajectory, optimize_schedule
+from jaxrdp.accounting.schedules import (ScheduleResult, epsilon_trajectory, noisy_sgd_utility,
+                                          optimize_schedule)
 from jaxrdp.accounting.sweep import sweep, sweep_noise_multiplier
 from jaxrdp.accounting.sweep_output import read_sweep
 from jaxrdp.mechanisms.without_replacement import rdp_sampled_gaussian_without_replacement
@@ -85,6 +86,7 @@ __all__ = [
     "fixed_sample",
     "log_a",
     "optimize_schedule",
+    "noisy_sgd_utility",
     "pld_delta",
     "pld_epsilon",
     "pld_grid",

@@ -281,7 +281,17 @@ TABLE = {
              target_epsilon=real(2.0, lo=0, lo_open=True),
              delta=real(1e-5, lo=0, hi=1, lo_open=True, hi_open=True),
              num_iterations=static_int(0),
-             orders=real(2.0, lo=1, inf_ok=True, none_ok=True))),
+             orders=real(2.0, lo=1, inf_ok=True, none_ok=True),
+             design=[Bad("sigma", ValueError, "unknown design")])),
+    "noisy_sgd_utility": Api(
+        jaxrdp.noisy_sgd_utility,
+        dict(steps=[50, 50], learning_rate=0.1, l2_norm_clip=1.0, dataset_size=1000,
+             curvature=0.1),
+        dict(steps=real(50, lo=0) + [Bad(2.5, ValueError, "not a whole number"), SCHEDULE_2D],
+             learning_rate=real(0.1, lo=0) + [Bad(np.full(3, 0.1), ValueError, "wrong length")],
+             l2_norm_clip=real(1.0, lo=0, lo_open=True) + [Bad(np.ones(2), ValueError, "not scalar")],
+             dataset_size=static_int(1),
+             curvature=real(0.1, lo=0) + [Bad(30.0, ValueError, "unstable: curvature * rate > 2")])),
     "poisson_max_batch_size": Api(
         jaxrdp.poisson_max_batch_size,
         dict(dataset_size=1000, sampling_rate=0.01, overflow_probability=1e-12),
@@ -641,6 +651,8 @@ EAGER_ONLY = {
     "optimize_schedule": lambda x: jaxrdp.optimize_schedule(
         lambda s, q: jnp.sum(s ** 2), sampling_rate=0.01, noise_multiplier=[1.0, 1.0],
         steps=[50, 50], target_epsilon=x, delta=1e-5, num_iterations=2),
+    "noisy_sgd_utility": lambda x: jaxrdp.noisy_sgd_utility(
+        [50, 50], 0.1, l2_norm_clip=x, dataset_size=1000, curvature=0.1),
     "poisson_max_batch_size": lambda x: jaxrdp.poisson_max_batch_size(1000, x),
     "poisson_overflow_probability": lambda x: jaxrdp.poisson_overflow_probability(1000, x, 50),
     "poisson_truncation_delta": lambda x: jaxrdp.poisson_truncation_delta(1000, 0.01, 50, 100, x),

@@ -121,3 +121,65 @@ def test_optimiser_survives_an_infinite_epsilon_on_its_path():
   eps, finite = out.stdout.split()
   assert finite == "True"
   assert float(eps) <= 2.0
+
+
+# --- the analytic utility and designed sampling-rate schedules ---
+
+def _noise_variance_by_steps(steps, eta, clip, n, mu, sigma, q):
+  """The noise's variance in the final iterate, one step at a time (the model of
+  noisy_sgd_utility written out: noise N(0, (σ_t C / (q_t N))²) at step t, damped by every
+  later step's factor (1 − η_s μ))."""
+  sigma_t = np.repeat(sigma, steps)
+  q_t = np.repeat(q, steps)
+  total = 0.0
+  for t in range(len(eta)):
+    damping = 1.0
+    for s in range(t + 1, len(eta)):
+      damping *= (1.0 - eta[s] * mu) ** 2
+    total += eta[t] ** 2 * (sigma_t[t] * clip / (q_t[t] * n)) ** 2 * damping
+  return total
+
+
+def test_noisy_sgd_utility_is_the_variance_the_noise_leaves_step_by_step():
+  rng = np.random.default_rng(3)
+  steps = np.array([3, 5, 0, 2])
+  eta = rng.uniform(0.05, 0.5, steps.sum())
+  sigma, q = rng.uniform(0.5, 3.0, 4), rng.uniform(0.01, 0.2, 4)
+  expected = _noise_variance_by_steps(steps, eta, 1.5, 700, 0.8, sigma, q)
+  u = jaxrdp.noisy_sgd_utility(steps, eta, l2_norm_clip=1.5, dataset_size=700, curvature=0.8)
+  assert float(u(jnp.asarray(sigma), jnp.asarray(q))) == pytest.approx(expected, rel=1e-12)
+  # A callable learning rate (an optax schedule) is evaluated at steps 0, 1, ...
+  as_schedule = jaxrdp.noisy_sgd_utility(steps, lambda i: eta[i], l2_norm_clip=1.5,
+                                         dataset_size=700, curvature=0.8)
+  assert float(as_schedule(jnp.asarray(sigma), jnp.asarray(q))) == pytest.approx(expected,
+                                                                                rel=1e-12)
+
+
+@pytest.mark.parametrize("design,seed", [("sampling_rate", 0), ("both", 1)])
+def test_designed_sampling_rates_keep_the_gradient_count_and_spend_at_most_the_budget(design,
+                                                                                       seed):
+  rng = np.random.default_rng(seed)
+  phases = int(rng.integers(3, 6))
+  steps = jnp.full(phases, 40.0)
+  q0 = jnp.asarray(rng.uniform(0.01, 0.05, phases))
+  sigma0 = jnp.asarray(rng.uniform(0.8, 1.5, phases))
+  target = float(rng.uniform(1.0, 4.0))
+  u = jaxrdp.noisy_sgd_utility(steps, 0.2, l2_norm_clip=1.0, dataset_size=2000, curvature=0.05)
+  run = lambda k: jaxrdp.optimize_schedule(u, sampling_rate=q0, noise_multiplier=sigma0,
+                                           steps=steps, target_epsilon=target, delta=DELTA,
+                                           num_iterations=k, design=design)
+  start, result = run(0), run(40)
+  for r in (start, result):
+    eps = float(jaxrdp.dpsgd_epsilon(r.sampling_rate, r.noise_multiplier, steps, DELTA))
+    assert eps == pytest.approx(float(r.epsilon), rel=1e-12)
+    assert target * (1 - 1e-9) <= eps <= target
+    # The expected number of gradient evaluations is the initial schedule's.
+    assert float(jnp.sum(r.sampling_rate * steps)) == pytest.approx(float(jnp.sum(q0 * steps)),
+                                                                    rel=1e-12)
+  np.testing.assert_allclose(start.sampling_rate, q0, rtol=1e-12)
+  if design == "sampling_rate":   # σ's shape is held: a common factor on the initial one
+    ratio = np.asarray(result.noise_multiplier / sigma0)
+    np.testing.assert_allclose(ratio, ratio[0], rtol=1e-12)
+  assert float(result.utility) < 0.99 * float(start.utility)
+  # Noise late is damped least: the design buys larger batches (less noise per mean) late.
+  assert float(result.sampling_rate[-1]) > float(result.sampling_rate[0])

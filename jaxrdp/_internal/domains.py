@@ -76,6 +76,9 @@ DOMAINS: dict[str, Domain] = {
     "l2_norm_clip": _NON_NEGATIVE,
     "expected_batch_size": _POSITIVE,          # the divisor of the noisy sum
     "learning_rate": Domain(),                 # any finite number (optax's sign convention)
+    "step_size": _NON_NEGATIVE,                # a descent's learning rate in a utility model
+    "positive_l2_norm_clip": _POSITIVE,
+    "curvature": _NON_NEGATIVE,                # a quadratic's curvature (noisy_sgd_utility)
     "momentum": Domain(),
     "max_overflow_probability": _UNIT,
     "overflow_probability": Domain(0.0, 1.0, hi_open=True),

@@ -41,6 +41,7 @@ from jaxrdp._internal import validation
 from jaxrdp.accounting.dpsgd import dpsgd_epsilon_unchecked, order_grid, schedule_phases
 
 _PROJECTION_STEPS = 60   # at most this many evaluations of the final safe re-scaling
+DESIGNS = ("noise_multiplier", "sampling_rate", "both")
 
 
 class ScheduleResult(NamedTuple):
@@ -48,7 +49,8 @@ class ScheduleResult(NamedTuple):
 
   Attributes:
     noise_multiplier: the optimised σ of each phase (ε ≤ target).
-    sampling_rate: q of each phase (as given, broadcast to the phases).
+    sampling_rate: q of each phase (as given, broadcast to the phases; designed with
+      ``design="sampling_rate"`` or ``"both"``).
     steps: steps of each phase (as given).
     epsilon: :func:`jaxrdp.dpsgd_epsilon` of the result, ≤ ``target_epsilon``.
     utility: the utility proxy at the result.
@@ -71,7 +73,8 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
                       optimizer: optax.GradientTransformation | None = None,
                       num_iterations: int = 200,
                       orders: jax.typing.ArrayLike | None = None,
-                      callback: Callable[[int, float], None] | None = None) -> ScheduleResult:
+                      callback: Callable[[int, float], None] | None = None,
+                      design: str = "noise_multiplier") -> ScheduleResult:
   r"""The noise schedule minimising ``utility`` whose DP-SGD ε is at most ``target_epsilon``.
 
   **Changed in 1.0:** the schedule is given in :func:`jaxrdp.dpsgd_epsilon`'s order (q, σ, T)
@@ -87,7 +90,8 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
     utility: ``utility(noise_multiplier, sampling_rate) -> scalar``, differentiable in
       ``noise_multiplier`` (an array with one entry per phase); smaller is better. It must
       reward less noise (otherwise the budget is not the binding constraint).
-    sampling_rate: q per phase (scalar or 1-D), in (0, 1]; kept fixed.
+    sampling_rate: q per phase (scalar or 1-D), in (0, 1]; kept fixed unless ``design``
+      says otherwise (then the initial schedule).
     noise_multiplier: the initial schedule (its shape is what is optimised; its scale is set
       by the budget), scalar or 1-D, > 0.
     steps: steps per phase (scalar or 1-D), ≥ 0; kept fixed.
@@ -98,6 +102,14 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
     orders: RDP orders (default :data:`jaxrdp.DEFAULT_ORDERS`).
     callback: called as ``callback(iteration, utility)`` after each iteration (1-based, the
       utility proxy on the budget boundary): progress reports, early logging.
+    design: what is optimised (:data:`DESIGNS`): ``"noise_multiplier"`` (the default: the
+      shape of σ, q fixed), ``"sampling_rate"`` (the shape of q, that is of the expected batch
+      size, with the expected number of gradient evaluations :math:`\sum_i T_i q_i` held at
+      its initial value; σ's shape fixed, its scale set by the budget) or ``"both"``. q is
+      parametrised as :math:`q_i = Q e^{\phi_i} / \sum_j T_j e^{\phi_j}` with
+      :math:`Q = \sum_i T_i q_i^{(0)}`, capped at 1 (a phase at the cap holds fewer
+      evaluations than the parametrisation: the count is then at most the initial one).
+      ``utility`` must then be differentiable in ``sampling_rate`` too.
 
   Returns:
     A :class:`ScheduleResult`; ``epsilon`` ≤ ``target_epsilon`` always holds.
@@ -121,6 +133,7 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
   validation.check("positive_noise_multiplier", noise_multiplier, name="noise_multiplier")
   validation.check_scalar(target_epsilon=target_epsilon, delta=delta)
   num_iterations = validation.check_int("num_iterations", num_iterations, lo=0)
+  validation.check_choice("design", design, DESIGNS)
   if not validation.is_concrete((sampling_rate, noise_multiplier, steps, target_epsilon, delta,
                                  orders)):
     # Its iterations and its safe re-scaling run from the host (a bisection on concrete ε,
@@ -139,16 +152,26 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
   optimizer = optax.adam(0.05) if optimizer is None else optimizer
 
   theta = jnp.log(sigma0)
+  moves_q = design != "noise_multiplier"
+  if moves_q and not bool(jnp.all((q > 0) | (t == 0))):
+    raise ValueError("design='sampling_rate' or 'both' needs sampling_rate > 0 in every phase "
+                     "with steps (its shape is optimised in log q).")
+  # phi: log q up to a constant (the expected gradient count Q fixes it); None: q held.
+  phi = jnp.log(jnp.where(t > 0, q, 1.0)) if moves_q else None
+  rates = _rates(q, t)
   # Start on the boundary: solve for the scale of the initial shape exactly.
-  u = _safe_scale(theta, jnp.zeros((), dtype), q, t, delta, grid, target_epsilon)
-  step = _make_step(utility, optimizer, q, t, delta, grid)
-  opt_state = optimizer.init(theta)
+  u = _safe_scale(theta, jnp.zeros((), dtype), rates(phi), t, delta, grid, target_epsilon)
+  shape = (theta if design != "sampling_rate" else None, phi)
+  step = _make_step(utility, optimizer, theta, rates, t, delta, grid)
+  opt_state = optimizer.init(shape)
   history = []
   for iteration in range(1, int(num_iterations) + 1):
-    theta, u, opt_state, value = step(theta, u, opt_state, log_target)
+    shape, u, opt_state, value = step(shape, u, opt_state, log_target)
     history.append(float(value))
     if callback is not None:
       callback(iteration, history[-1])
+  theta = theta if shape[0] is None else shape[0]
+  q = rates(shape[1])
   u = _safe_scale(theta, u, q, t, delta, grid, target_epsilon)
   sigma = jnp.exp(u + theta)
   eps = dpsgd_epsilon_unchecked(q, sigma, t, delta, grid, True)
@@ -162,24 +185,49 @@ def _log_eps(u, theta, q, t, delta, grid):
   return jnp.log(dpsgd_epsilon_unchecked(q, jnp.exp(u + theta), t, delta, grid, False))
 
 
-def _make_step(utility, optimizer, q, t, delta, grid):
-  h_grad = jax.value_and_grad(_log_eps, argnums=(0, 1))
-  u_grad = jax.grad(lambda u, theta: utility(jnp.exp(u + theta), q), argnums=(0, 1))
+def _rates(q0, t):
+  """phi -> the sampling rates of the shape phi: q_i = Q e^phi_i / sum_j T_j e^phi_j with
+  Q = sum_i T_i q0_i (the expected gradient count of the initial schedule), capped at 1;
+  phi None: q0."""
+  count = jnp.sum(t * q0)
+
+  def rates(phi):
+    if phi is None:
+      return q0
+    w = jnp.exp(phi - jnp.max(phi))
+    return jnp.minimum(count * w / jnp.sum(t * w), 1.0)
+  return rates
+
+
+def _make_step(utility, optimizer, theta0, rates, t, delta, grid):
+  """One iteration on the shape (theta, phi) (either None: held at theta0 or the initial q):
+  a Newton step of the scale u onto the budget's boundary, then the optimiser's step on the
+  utility's total derivative along the boundary (implicit-function theorem)."""
+  def unpack(shape):
+    return theta0 if shape[0] is None else shape[0], rates(shape[1])
+  h_grad = jax.value_and_grad(
+      lambda u, shape: _log_eps(u, unpack(shape)[0], unpack(shape)[1], t, delta, grid),
+      argnums=(0, 1))
+  u_grad = jax.grad(lambda u, shape: utility(jnp.exp(u + unpack(shape)[0]), unpack(shape)[1]),
+                    argnums=(0, 1))
 
   @jax.jit
-  def step(theta, u, opt_state, log_target):
-    h, (h_u, h_theta) = h_grad(u, theta, q, t, delta, grid)
+  def step(shape, u, opt_state, log_target):
+    h, (h_u, h_shape) = h_grad(u, shape)
     h_u = jnp.where(h_u < 0, h_u, -1.0)   # ε strictly decreases in the scale
     # Newton step onto the boundary, damped to a factor e^2 in σ; where ε is infinite or NaN
     # (a coarse order grid, tiny σ) there is no Newton step: more noise, by e^0.5.
     newton = u - (h - log_target) / h_u
     u = jnp.where(jnp.isfinite(newton), jnp.clip(newton, u - 2.0, u + 2.0), u + 0.5)
-    dU_du, dU_dtheta = u_grad(u, theta)
-    grad = dU_dtheta - dU_du * h_theta / h_u   # implicit-function theorem
-    grad = jnp.where(jnp.isfinite(grad), grad, 0.0)   # no direction there: keep the shape
-    updates, opt_state = optimizer.update(grad, opt_state, theta)
-    theta = (theta + updates).astype(theta.dtype)   # optax.apply_updates of one array
-    return theta, u, opt_state, utility(jnp.exp(u + theta), q)
+    dU_du, dU_dshape = u_grad(u, shape)
+    # implicit-function theorem; no direction where it is not finite: keep the shape there
+    grad = jax.tree_util.tree_map(
+        lambda a, b: jnp.where(jnp.isfinite(a - dU_du * b / h_u), a - dU_du * b / h_u, 0.0),
+        dU_dshape, h_shape)
+    updates, opt_state = optimizer.update(grad, opt_state, shape)
+    shape = jax.tree_util.tree_map(lambda p, d: (p + d).astype(p.dtype), shape, updates)
+    theta, q = unpack(shape)
+    return shape, u, opt_state, utility(jnp.exp(u + theta), q)
   return step
 
 
@@ -225,6 +273,86 @@ def _safe_scale(theta, u_guess, q, t, delta, grid, target):
       g_hi = g_hi / 2 if side == 1 else g_hi
       side = 1
   return jnp.asarray(hi, q.dtype)
+
+
+def noisy_sgd_utility(steps: jax.typing.ArrayLike, learning_rate: jax.typing.ArrayLike, *,
+                      l2_norm_clip: float, dataset_size: int,
+                      curvature: float) -> Callable[[jax.Array, jax.Array], jax.Array]:
+  r"""An analytic utility for :func:`optimize_schedule`: the variance the injected noise leaves
+  in the final iterate of noisy SGD, from the user's learning-rate schedule and clipping norm.
+
+  Model (its assumptions): DP-SGD as :func:`jaxrdp.differentially_private_aggregate` runs it
+  adds :math:`\mathcal N(0, s_t^2 I)` to the mean gradient at step t, with
+  :math:`s_t = \sigma_t C / (q_t N)` (clipping norm C, dataset size N, the sum divided by the
+  expected batch size :math:`q_t N`). On a quadratic loss of curvature μ along each direction
+  (near a minimum: the noise's effect there, not the speed of the descent), step t's noise
+  reaches the final iterate damped by :math:`\prod_{s>t}(1 - \eta_s \mu)`, so the noise's
+  share of its variance per coordinate is
+
+  .. math:: U(\sigma, q) = \sum_t \eta_t^2 \Big(\frac{\sigma_t C}{q_t N}\Big)^2
+            \prod_{s>t} (1 - \eta_s\mu)^2 = \sum_i W_i \Big(\frac{\sigma_i C}{q_i N}\Big)^2,
+
+  :math:`W_i` the sum of the step weights over phase i. Left out: the sampling noise of the
+  batch (of order :math:`(1-q)/(qN)` times the gradients' spread, small beside the injected
+  noise at the σ of DP training) and the clipping bias; μ stands for the curvature of the
+  directions that matter at the end of training (a knob: larger μ forgets early noise
+  faster and moves the budget later). Smaller is better, as :func:`optimize_schedule` wants.
+
+  Args:
+    steps: steps per phase (scalar or 1-D), the schedule's ``steps``.
+    learning_rate: η per step: a scalar, a 1-D array with one entry per step of the whole run,
+      or a callable ``learning_rate(step)`` (an optax schedule) evaluated at steps 0, 1, ….
+    l2_norm_clip: C > 0.
+    dataset_size: N ≥ 1.
+    curvature: μ ≥ 0 with η_t μ < 2 at every step (the quadratic is stable).
+
+  Returns:
+    ``utility(noise_multiplier, sampling_rate) -> scalar``, differentiable in both.
+
+  Raises:
+    ValueError: an argument outside its range (named, with the range and the value), or a
+      learning-rate array whose length is not the number of steps.
+  """
+  validation.check("steps", steps)
+  validation.check("positive_l2_norm_clip", l2_norm_clip, name="l2_norm_clip")
+  validation.check("curvature", curvature)
+  validation.check_scalar(l2_norm_clip=l2_norm_clip, curvature=curvature)
+  validation.check_schedule(steps=steps)
+  dataset_size = validation.check_int("dataset_size", dataset_size, lo=1)
+  t = np.asarray(steps, np.float64).reshape(-1)
+  if not np.all(t == np.round(t)):
+    raise ValueError(f"steps must be whole numbers here (one weight per step), got {steps!r}.")
+  counts = t.astype(np.int64)
+  total = int(counts.sum())
+  if callable(learning_rate):
+    eta = np.asarray([learning_rate(i) for i in range(total)], np.float64)
+  else:
+    validation.check("step_size", learning_rate, name="learning_rate")
+    eta = np.asarray(learning_rate, np.float64)
+    if eta.ndim == 0:
+      eta = np.full((total,), float(eta))
+  validation.check("step_size", eta, name="learning_rate")
+  if eta.shape != (total,):
+    raise ValueError(f"learning_rate must be a scalar, a callable or one value per step "
+                     f"({total} steps), got shape {eta.shape}.")
+  factor = 1.0 - eta * float(curvature)
+  if not np.all(np.abs(factor) < 1.0 + 1e-12):
+    raise ValueError(f"curvature * learning_rate must lie in [0, 2] at every step (a stable "
+                     f"quadratic), got curvature={curvature!r} with learning rates up to "
+                     f"{eta.max()!r}.")
+  # damping of step i's noise by the later steps: prod_{s > i} (1 - eta_s mu)^2 (in logs)
+  log_f2 = np.log(np.maximum(factor * factor, np.finfo(np.float64).tiny))
+  later = np.concatenate([np.cumsum(log_f2[::-1])[::-1][1:], [0.0]]) if total else log_f2
+  weights = eta * eta * np.exp(later)
+  phase = np.repeat(np.arange(counts.size), counts)
+  per_phase = np.bincount(phase, weights=weights, minlength=counts.size)
+  scale = float(l2_norm_clip) / dataset_size
+
+  def utility(noise_multiplier, sampling_rate):
+    w = jnp.asarray(per_phase, jnp.result_type(noise_multiplier, float))
+    ratio = noise_multiplier * scale / sampling_rate
+    return jnp.sum(w * ratio * ratio)
+  return utility
 
 
 def epsilon_trajectory(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
