@@ -282,7 +282,8 @@ TABLE = {
              delta=real(1e-5, lo=0, hi=1, lo_open=True, hi_open=True),
              num_iterations=static_int(0),
              orders=real(2.0, lo=1, inf_ok=True, none_ok=True),
-             design=[Bad("sigma", ValueError, "unknown design")])),
+             design=[Bad("sigma", ValueError, "unknown design")],
+             accountant=BAD_ACCOUNTANT)),
     "noisy_sgd_utility": Api(
         jaxrdp.noisy_sgd_utility,
         dict(steps=[50, 50], learning_rate=0.1, l2_norm_clip=1.0, dataset_size=1000,

@@ -38,7 +38,9 @@ import numpy as np
 from jaxrdp._internal import compilation
 from jaxrdp._internal import deprecation
 from jaxrdp._internal import validation
+from jaxrdp.accounting import pld
 from jaxrdp.accounting.dpsgd import dpsgd_epsilon_unchecked, order_grid, schedule_phases
+from jaxrdp.accounting.epsilon import use_pld
 
 _PROJECTION_STEPS = 60   # at most this many evaluations of the final safe re-scaling
 DESIGNS = ("noise_multiplier", "sampling_rate", "both")
@@ -74,7 +76,8 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
                       num_iterations: int = 200,
                       orders: jax.typing.ArrayLike | None = None,
                       callback: Callable[[int, float], None] | None = None,
-                      design: str = "noise_multiplier") -> ScheduleResult:
+                      design: str = "noise_multiplier",
+                      accountant: str = "rdp") -> ScheduleResult:
   r"""The noise schedule minimising ``utility`` whose DP-SGD ε is at most ``target_epsilon``.
 
   **Changed in 1.0:** the schedule is given in :func:`jaxrdp.dpsgd_epsilon`'s order (q, σ, T)
@@ -110,6 +113,10 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
       :math:`Q = \sum_i T_i q_i^{(0)}`, capped at 1 (a phase at the cap holds fewer
       evaluations than the parametrisation: the count is then at most the initial one).
       ``utility`` must then be differentiable in ``sampling_rate`` too.
+    accountant: the budget's accountant: ``"rdp"`` (the default; exact RDP, the refined
+      order) or ``"pld"`` (the privacy-loss distribution, :func:`jaxrdp.pld_epsilon`: tight,
+      float64, whole steps; ``orders`` does not apply). Every iterate and the result are
+      held to the budget by that accountant.
 
   Returns:
     A :class:`ScheduleResult`; ``epsilon`` ≤ ``target_epsilon`` always holds.
@@ -134,6 +141,7 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
   validation.check_scalar(target_epsilon=target_epsilon, delta=delta)
   num_iterations = validation.check_int("num_iterations", num_iterations, lo=0)
   validation.check_choice("design", design, DESIGNS)
+  by_pld = use_pld(accountant, orders=orders)
   if not validation.is_concrete((sampling_rate, noise_multiplier, steps, target_epsilon, delta,
                                  orders)):
     # Its iterations and its safe re-scaling run from the host (a bisection on concrete ε,
@@ -145,8 +153,11 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
     raise ValueError("the schedule spends no privacy (every phase has sampling_rate = 0 or "
                      "steps = 0): there is nothing to optimise.")
   dtype = q.dtype
+  if by_pld:   # the PLD's own checks: float64, whole steps (ValueError / TypeError)
+    q, sigma0, t = pld.checked_phases(sampling_rate, noise_multiplier, steps, "the PLD accountant")
   grid = order_grid(orders, dtype)
   delta = validation.to_device(delta, dtype)   # strongly typed, as dpsgd_epsilon passes it
+  epsilon = _epsilon_of(by_pld, t, delta, grid)
   log_target = jnp.log(jnp.asarray(target_epsilon, dtype))
   import optax   # here, not at import: an accounting query does not pay for importing optax
   optimizer = optax.adam(0.05) if optimizer is None else optimizer
@@ -160,9 +171,9 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
   phi = jnp.log(jnp.where(t > 0, q, 1.0)) if moves_q else None
   rates = _rates(q, t)
   # Start on the boundary: solve for the scale of the initial shape exactly.
-  u = _safe_scale(theta, jnp.zeros((), dtype), rates(phi), t, delta, grid, target_epsilon)
+  u = _safe_scale(theta, jnp.zeros((), dtype), rates(phi), epsilon, target_epsilon, t, by_pld)
   shape = (theta if design != "sampling_rate" else None, phi)
-  step = _make_step(utility, optimizer, theta, rates, t, delta, grid)
+  step = _make_step(utility, optimizer, theta, rates, epsilon, t, by_pld)
   opt_state = optimizer.init(shape)
   history = []
   for iteration in range(1, int(num_iterations) + 1):
@@ -172,17 +183,27 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
       callback(iteration, history[-1])
   theta = theta if shape[0] is None else shape[0]
   q = rates(shape[1])
-  u = _safe_scale(theta, u, q, t, delta, grid, target_epsilon)
+  u = _safe_scale(theta, u, q, epsilon, target_epsilon, t, by_pld)
   sigma = jnp.exp(u + theta)
-  eps = dpsgd_epsilon_unchecked(q, sigma, t, delta, grid, True)
+  eps = epsilon(q, sigma)
   if not bool(eps <= target_epsilon):  # the bisection keeps the safe side; this cannot fail
     raise RuntimeError(f"internal error: projected schedule has epsilon {float(eps)} > target.")
   return ScheduleResult(sigma, q, t, eps, utility(sigma, q), np.asarray(history))
 
 
-def _log_eps(u, theta, q, t, delta, grid):
-  """log ε of σ = e^u e^θ at the grid orders (differentiable, envelope gradients)."""
-  return jnp.log(dpsgd_epsilon_unchecked(q, jnp.exp(u + theta), t, delta, grid, False))
+def _epsilon_of(by_pld, t, delta, grid):
+  """``epsilon(q, σ, refine=True, pld_grid=None)``: ε of the schedule with steps ``t`` by the
+  budget's accountant; RDP at the refined order, or at the grid orders (``refine=False``, the
+  iterations' cheaper value: never below the refined one); PLD on ``pld_grid`` (static sizes,
+  for a compiled step) or sized from the arguments."""
+  if by_pld:
+    return lambda q, sigma, refine=True, pld_grid=None: pld.pld_epsilon(q, sigma, t, delta,
+                                                                        pld_grid=pld_grid)
+  return lambda q, sigma, refine=True, pld_grid=None: dpsgd_epsilon_unchecked(q, sigma, t, delta,
+                                                                              grid, refine)
+
+
+_PLD_MARGIN = 0.8   # the iterations' PLD grid is sized for σ this many times the iterate's
 
 
 def _rates(q0, t):
@@ -199,21 +220,26 @@ def _rates(q0, t):
   return rates
 
 
-def _make_step(utility, optimizer, theta0, rates, t, delta, grid):
+def _make_step(utility, optimizer, theta0, rates, epsilon, t, by_pld):
   """One iteration on the shape (theta, phi) (either None: held at theta0 or the initial q):
   a Newton step of the scale u onto the budget's boundary, then the optimiser's step on the
-  utility's total derivative along the boundary (implicit-function theorem)."""
+  utility's total derivative along the boundary (implicit-function theorem); one compiled
+  program. With the PLD its grid's static sizes are those of the iterate with σ scaled by
+  _PLD_MARGIN, kept while every iterate's ε is finite on them and sized again otherwise (the
+  result's ε is the PLD sized from its own values: the grid only serves the iterations)."""
   def unpack(shape):
     return theta0 if shape[0] is None else shape[0], rates(shape[1])
-  h_grad = jax.value_and_grad(
-      lambda u, shape: _log_eps(u, unpack(shape)[0], unpack(shape)[1], t, delta, grid),
-      argnums=(0, 1))
+
+  def log_eps(u, shape, pld_grid):
+    theta, q = unpack(shape)
+    return jnp.log(epsilon(q, jnp.exp(u + theta), refine=False, pld_grid=pld_grid))
+  h_grad = jax.value_and_grad(log_eps, argnums=(0, 1))
   u_grad = jax.grad(lambda u, shape: utility(jnp.exp(u + unpack(shape)[0]), unpack(shape)[1]),
                     argnums=(0, 1))
 
-  @jax.jit
-  def step(shape, u, opt_state, log_target):
-    h, (h_u, h_shape) = h_grad(u, shape)
+  @functools.partial(jax.jit, static_argnames=("pld_grid",))
+  def compiled(shape, u, opt_state, log_target, pld_grid=None):
+    h, (h_u, h_shape) = h_grad(u, shape, pld_grid)
     h_u = jnp.where(h_u < 0, h_u, -1.0)   # ε strictly decreases in the scale
     # Newton step onto the boundary, damped to a factor e^2 in σ; where ε is infinite or NaN
     # (a coarse order grid, tiny σ) there is no Newton step: more noise, by e^0.5.
@@ -221,57 +247,90 @@ def _make_step(utility, optimizer, theta0, rates, t, delta, grid):
     u = jnp.where(jnp.isfinite(newton), jnp.clip(newton, u - 2.0, u + 2.0), u + 0.5)
     dU_du, dU_dshape = u_grad(u, shape)
     # implicit-function theorem; no direction where it is not finite: keep the shape there
-    grad = jax.tree_util.tree_map(
-        lambda a, b: jnp.where(jnp.isfinite(a - dU_du * b / h_u), a - dU_du * b / h_u, 0.0),
-        dU_dshape, h_shape)
+    total = lambda a, b: a - dU_du * b / h_u
+    grad = jax.tree_util.tree_map(lambda a, b: jnp.where(jnp.isfinite(total(a, b)),
+                                                         total(a, b), 0.0), dU_dshape, h_shape)
     updates, opt_state = optimizer.update(grad, opt_state, shape)
     shape = jax.tree_util.tree_map(lambda p, d: (p + d).astype(p.dtype), shape, updates)
     theta, q = unpack(shape)
-    return shape, u, opt_state, utility(jnp.exp(u + theta), q)
+    return (shape, u, opt_state, utility(jnp.exp(u + theta), q)), jnp.isfinite(h)
+
+  if not by_pld:
+    return lambda *args: compiled(*args)[0]
+  sized = {}
+
+  def step(shape, u, opt_state, log_target):
+    theta, q = unpack(shape)
+    for _ in range(2):   # a grid too small for this iterate (ε = inf on it): size it again
+      if "grid" not in sized:
+        sized["grid"] = pld.pld_grid(q, _PLD_MARGIN * jnp.exp(u + theta), t)
+      out, finite = compiled(shape, u, opt_state, log_target, pld_grid=sized["grid"])
+      if bool(finite):
+        break
+      sized.pop("grid")
+    return out
   return step
 
 
-def _safe_scale(theta, u_guess, q, t, delta, grid, target):
-  """The scale u with refined ε(e^u e^θ) ≤ target within 1e-10 relative (safe side).
+def _safe_scale(theta, u_guess, q, epsilon, target, t=None, by_pld=False):
+  """The scale u with ε(e^u e^θ) ≤ target within 1e-10 relative (safe side), ``epsilon`` the
+  budget's accountant (:func:`_epsilon_of`; RDP at the refined order). With the PLD
+  (``by_pld``, steps ``t``) the search runs on one grid sized for the smallest scale it has
+  reached (one compiled program, not one per scale), then again from the point found with
+  the grid sized from each scale's own values (as the result's ε is read).
 
   Safeguarded regula falsi (Illinois) on g(u) = log ε − log target, decreasing in u: few
   evaluations of one compiled function, and the returned point always has g ≤ 0.
   """
-  def g(u):
-    eps = float(dpsgd_epsilon_unchecked(q, jnp.exp(u + theta), t, delta, grid, True))
+  sized = {}   # PLD: one grid for the search, sized for the smallest scale yet (with a margin)
+
+  def grid_for(u):
+    if by_pld and not sized.get("u", math.inf) <= u:
+      sized["u"] = u - 0.5
+      sized["grid"] = pld.pld_grid(q, jnp.exp(sized["u"] + theta), t)
+    return sized.get("grid")
+
+  def g(u, own_grid=False):
+    eps = float(epsilon(q, jnp.exp(u + theta), pld_grid=None if own_grid else grid_for(u)))
     return math.log(eps / target) if eps > 0 else -math.inf
-  hi = float(u_guess) + 0.01 if math.isfinite(float(u_guess)) else 0.01
-  g_hi = g(hi)
-  while g_hi > 0:
-    if not hi <= 40:
-      raise ValueError(f"target_epsilon={target} cannot be met by scaling this schedule "
-                       "(noise multipliers up to e^40 times the initial ones).")
-    hi += 0.5
-    g_hi = g(hi)
-  lo = hi - 0.02
-  g_lo = g(lo)
-  while g_lo <= 0 and lo > -40:
-    hi, g_hi = lo, g_lo
-    lo -= 0.5
-    g_lo = g(lo)
-  if g_lo <= 0:
-    return jnp.asarray(lo, q.dtype)   # even e^-40 meets the target
-  side, true_g_hi = 0, g_hi   # g_lo, g_hi below are interpolation weights (Illinois-halved)
-  for _ in range(_PROJECTION_STEPS):
-    if true_g_hi > -1e-10 or hi - lo < 1e-13:
-      break
-    x = hi - g_hi * (hi - lo) / (g_hi - g_lo) if math.isfinite(g_hi) else 0.5 * (lo + hi)
-    if not lo < x < hi:
-      x = 0.5 * (lo + hi)
-    g_x = g(x)
-    if g_x <= 0:
-      hi, g_hi, true_g_hi = x, g_x, g_x
-      g_lo = g_lo / 2 if side == -1 else g_lo
-      side = -1
-    else:
-      lo, g_lo = x, g_x
-      g_hi = g_hi / 2 if side == 1 else g_hi
-      side = 1
+
+  def solve(u_guess, own_grid):
+    hi = float(u_guess) + 0.01 if math.isfinite(float(u_guess)) else 0.01
+    g_hi = g(hi, own_grid)
+    while g_hi > 0:
+      if not hi <= 40:
+        raise ValueError(f"target_epsilon={target} cannot be met by scaling this schedule "
+                         "(noise multipliers up to e^40 times the initial ones).")
+      hi += 0.5
+      g_hi = g(hi, own_grid)
+    lo = hi - 0.02
+    g_lo = g(lo, own_grid)
+    while g_lo <= 0 and lo > -40:
+      hi, g_hi = lo, g_lo
+      lo -= 0.5
+      g_lo = g(lo, own_grid)
+    if g_lo <= 0:
+      return lo   # even e^-40 meets the target
+    side, true_g_hi = 0, g_hi   # g_lo, g_hi below are interpolation weights (Illinois-halved)
+    for _ in range(_PROJECTION_STEPS):
+      if true_g_hi > -1e-10 or hi - lo < 1e-13:
+        break
+      x = hi - g_hi * (hi - lo) / (g_hi - g_lo) if math.isfinite(g_hi) else 0.5 * (lo + hi)
+      if not lo < x < hi:
+        x = 0.5 * (lo + hi)
+      g_x = g(x, own_grid)
+      if g_x <= 0:
+        hi, g_hi, true_g_hi = x, g_x, g_x
+        g_lo = g_lo / 2 if side == -1 else g_lo
+        side = -1
+      else:
+        lo, g_lo = x, g_x
+        g_hi = g_hi / 2 if side == 1 else g_hi
+        side = 1
+    return hi
+
+  # PLD: the search on one grid, then again from there on the grid the result's ε is read on
+  hi = solve(solve(u_guess, False), True) if by_pld else solve(u_guess, False)
   return jnp.asarray(hi, q.dtype)
 
 
