@@ -2,7 +2,8 @@
 
 Pre-registered in issue 36. Three tasks that run offline on a CPU:
 
-* ``digits``: sklearn's 8x8 digits (1,797 images), an MLP 64-32-10 (tanh);
+* ``digits``: sklearn's 8x8 digits (1,797 images, as stored in examples/data), an MLP
+  64-32-10 (tanh);
 * ``mnist1d``: MNIST-1D (``mnist1d.data.make_dataset``, generated, no download; 4,000 train /
   1,000 test sequences of length 40), an MLP 40-64-10 (tanh);
 * ``cancer``: sklearn's breast-cancer data (569 cases, 30 standardised features), logistic
@@ -18,9 +19,10 @@ Each task is split into train / validation / test once (seed 0). Training is DP-
 2. ``sigma``: the noise schedule designed by :func:`jaxrdp.optimize_schedule` with the analytic
    utility :func:`jaxrdp.noisy_sgd_utility` (10 phases; curvature μ with η μ T = 1, so noise
    from the first half of training is damped e^-1 or more by the end), same learning-rate grid;
-3. ``learned``: the σ schedule whose validation loss after a short differentiable training run
-   is smallest (the loss differentiated through the run, the noise σ_t·z_t with z_t fixed),
-   projected onto the budget as in 2;
+3. ``learned-fixed`` and ``learned``: the σ schedule whose validation loss after a short
+   differentiable training run is smallest (the loss differentiated through the run, the noise
+   σ_t·z_t; z_t fixed once, or drawn afresh each design iteration: a stochastic gradient of the
+   expected loss), projected onto the budget as in 2;
 4. ``batch``: the sampling-rate (batch-size) schedule designed with the analytic utility, the
    expected number of gradient evaluations held; ``both``: σ and q jointly.
 
@@ -33,7 +35,7 @@ its 95 % confidence interval (t distribution).
 
 Run::
 
-    pip install scikit-learn mnist1d
+    pip install scikit-learn mnist1d   # MNIST-1D and the breast-cancer data
     python benchmarks/schedule_design.py [--tasks digits,mnist1d,cancer] [--seeds 10]
         [--epsilons 1,3,8] [--json benchmarks/results/schedule_design.json]
 
@@ -59,6 +61,7 @@ import optax
 
 import jaxrdp
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DELTA = 1e-5
 PHASES = 10
 CLIP = 1.0
@@ -94,9 +97,9 @@ def _mlp(sizes):
 
 def load_task(name):
   """(train, val, test, init, apply, steps, sampling_rate, learning rates) of a task."""
-  if name == "digits":
-    from sklearn.datasets import load_digits
-    x, y = load_digits(return_X_y=True)
+  if name == "digits":   # scikit-learn's load_digits, as stored in examples/data
+    with np.load(os.path.join(ROOT, "examples", "data", "digits.npz")) as d:
+      x, y = d["images"].astype(np.float64), d["labels"].astype(np.int64)
     data = _split(x / 16.0, y, 1200, 300)
     return data + _mlp((64, 32, 10)) + (600, 0.05, (0.0625, 0.125, 0.25, 0.5, 1.0))
   if name == "mnist1d":
@@ -167,12 +170,14 @@ def make_trainer(task):
   return run
 
 
-def learned_utility(task, lr, seeds=2):
-  """utility(σ, q) = the mean validation loss after a training run at learning rate ``lr`` with
-  the per-phase σ and q, differentiable in both: the run of :func:`make_trainer` with the
-  batches (Poisson masks over the whole training set) and the standard normal noise z_t drawn
-  once (fixed keys), the noise σ_t C z_t / (q_t N) (the gradient through σ), the sum divided by
-  the expected batch q_t N (the gradient through q), clipping as the transform clips."""
+def learned_utility(task, lr, seeds=2, fresh=True):
+  """The mean validation loss after ``seeds`` training runs at learning rate ``lr`` with the
+  per-phase σ and q, differentiable in both: the run of :func:`make_trainer` with its Poisson
+  batches and the standard normal noise z_t as given by a key (``fresh``:
+  ``utility(σ, q, key)``, new draws each iteration of the design, a stochastic gradient of the
+  expected loss; else ``utility(σ, q)`` with one fixed set of draws), the noise
+  σ_t C z_t / (q_t N) (the gradient through σ), the sum divided by the expected batch q_t N
+  (the gradient through q), clipping as the transform clips."""
   (xtr, ytr), (xva, yva), _, init, apply, steps, _, _ = task
   n = xtr.shape[0]
   per_phase = steps // PHASES
@@ -207,10 +212,11 @@ def learned_utility(task, lr, seeds=2):
     logits = apply(params, xva)
     return jnp.mean(-jnp.take_along_axis(jax.nn.log_softmax(logits), yva[:, None], 1))
 
-  def utility(sigmas, qs):
+  def utility(sigmas, qs, key=None):
     sigmas, qs = jnp.asarray(sigmas, jnp.float32), jnp.asarray(qs, jnp.float32)
-    return jnp.mean(jax.vmap(run, (0, None, None))(keys, sigmas, qs)).astype(jnp.float64)
-  return utility
+    draws = keys if key is None else jax.random.split(key, seeds)
+    return jnp.mean(jax.vmap(run, (0, None, None))(draws, sigmas, qs)).astype(jnp.float64)
+  return utility if fresh else (lambda sigmas, qs: utility(sigmas, qs))
 
 
 def design(task, method, eps, lr, iterations):
@@ -222,8 +228,10 @@ def design(task, method, eps, lr, iterations):
   if method == "constant":
     sigma = float(jaxrdp.calibrate_noise_multiplier(eps, DELTA, q0, steps))
     return np.full(PHASES, sigma), np.asarray(q)
-  if method == "learned":
-    utility = learned_utility(task, lr)
+  key = None
+  if method in ("learned", "learned-fixed"):
+    utility = learned_utility(task, lr, fresh=method == "learned")
+    key = jax.random.key(12345) if method == "learned" else None   # not the evaluation's seeds
     kind = "noise_multiplier"
   else:
     # η μ T = 1: the analytic weights are then about e^(-2 (T - t) / T) times η² (a
@@ -233,7 +241,7 @@ def design(task, method, eps, lr, iterations):
     kind = {"sigma": "noise_multiplier", "batch": "sampling_rate", "both": "both"}[method]
   result = jaxrdp.optimize_schedule(utility, sampling_rate=q, noise_multiplier=jnp.ones(PHASES),
                                     steps=t, target_epsilon=eps, delta=DELTA,
-                                    num_iterations=iterations, design=kind)
+                                    num_iterations=iterations, design=kind, key=key)
   return np.asarray(result.noise_multiplier), np.asarray(result.sampling_rate)
 
 
@@ -251,10 +259,11 @@ def paired_interval(diff):
   return float(d.mean()), float(half)
 
 
-METHODS = ("constant", "sigma", "batch", "both", "learned")
+METHODS = ("constant", "sigma", "batch", "both", "learned-fixed", "learned")
 LABELS = {"constant": "constant σ (tuned η)", "sigma": "σ schedule, analytic",
           "batch": "batch-size schedule, analytic", "both": "σ and batch size, analytic",
-          "learned": "σ schedule, learned"}
+          "learned-fixed": "σ schedule, learned (fixed draws)",
+          "learned": "σ schedule, learned (fresh draws)"}
 START, END = "<!-- schedule-design:start -->", "<!-- schedule-design:end -->"
 
 
@@ -335,9 +344,8 @@ def main(argv=None):
   parser.add_argument("--from-json", default=None,
                       help="render the docs from a saved run instead of running")
   args = parser.parse_args(argv)
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  docs = (os.path.join(root, "docs", "schedule-design.md"),
-          os.path.join(root, "docs", "images", "schedule_design.png"))
+  docs = (os.path.join(ROOT, "docs", "schedule-design.md"),
+          os.path.join(ROOT, "docs", "images", "schedule_design.png"))
   if args.from_json:
     write_docs(json.load(open(args.from_json)), *docs)
     return
@@ -355,8 +363,9 @@ def main(argv=None):
       for method in args.methods.split(","):
         t0 = time.perf_counter()
         # The learned design is run at the constant schedule's tuned learning rate.
-        design_lr = rows["constant"]["lr"] if method == "learned" else lrs[0]
-        iterations = args.learned_iterations if method == "learned" else args.iterations
+        learned = method.startswith("learned")
+        design_lr = rows["constant"]["lr"] if learned else lrs[0]
+        iterations = args.learned_iterations if learned else args.iterations
         sigma, q = design(task, method, eps, design_lr, iterations)
         rdp_eps, pld_eps = realised_epsilons(sigma, q, steps)
         if not (rdp_eps <= eps and pld_eps <= eps):

@@ -283,7 +283,8 @@ TABLE = {
              num_iterations=static_int(0),
              orders=real(2.0, lo=1, inf_ok=True, none_ok=True),
              design=[Bad("sigma", ValueError, "unknown design")],
-             accountant=BAD_ACCOUNTANT)),
+             accountant=BAD_ACCOUNTANT,
+             key=[b for b in BAD_KEY if b.value is not None])),
     "noisy_sgd_utility": Api(
         jaxrdp.noisy_sgd_utility,
         dict(steps=[50, 50], learning_rate=0.1, l2_norm_clip=1.0, dataset_size=1000,

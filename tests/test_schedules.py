@@ -4,6 +4,7 @@ All schedules here have two phases, so that the optimum can be found independent
 over the one free shape parameter (the ratio σ₂/σ₁), each candidate scaled onto the budget.
 """
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -187,3 +188,27 @@ def test_designed_sampling_rates_keep_the_gradient_count_and_spend_at_most_the_b
   assert float(result.utility) < (0.99 if accountant == "rdp" else 0.999) * float(start.utility)
   # Noise late is damped least: the design buys larger batches (less noise per mean) late.
   assert float(result.sampling_rate[-1]) > float(result.sampling_rate[0])
+
+
+def test_a_stochastic_utility_gets_a_fresh_key_each_iteration_and_the_same_result_per_key():
+  calls = []
+
+  def noisy(sigma, q, key):   # the late-weighted proxy times a draw of the key's noise
+    calls.append(key)
+    return utility(sigma, q) * (1.0 + 0.05 * jax.random.normal(key, ()))
+  run = lambda key: jaxrdp.optimize_schedule(noisy, sampling_rate=Q,
+                                             noise_multiplier=jnp.array([1.0, 1.0]), steps=T,
+                                             target_epsilon=2.0, delta=DELTA, num_iterations=8,
+                                             key=key)
+  first = run(jax.random.key(0))
+  again, other = run(jax.random.key(0)), run(jax.random.key(1))
+  np.testing.assert_array_equal(first.noise_multiplier, again.noise_multiplier)
+  assert not np.array_equal(first.history, other.history)   # other draws, other iterates
+  for r in (first, other):
+    eps = float(jaxrdp.dpsgd_epsilon(Q, r.noise_multiplier, T, DELTA))
+    assert 2.0 * (1 - 1e-9) <= eps <= 2.0
+    assert r.noise_multiplier[0] > r.noise_multiplier[1]   # still decaying noise
+  with pytest.raises(TypeError):   # a deterministic utility with a key: called with three
+    jaxrdp.optimize_schedule(utility, sampling_rate=Q, noise_multiplier=jnp.array([1.0, 1.0]),
+                             steps=T, target_epsilon=2.0, delta=DELTA, num_iterations=1,
+                             key=jax.random.key(0))

@@ -77,7 +77,7 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
                       orders: jax.typing.ArrayLike | None = None,
                       callback: Callable[[int, float], None] | None = None,
                       design: str = "noise_multiplier",
-                      accountant: str = "rdp") -> ScheduleResult:
+                      accountant: str = "rdp", key: jax.Array | None = None) -> ScheduleResult:
   r"""The noise schedule minimising ``utility`` whose DP-SGD ε is at most ``target_epsilon``.
 
   **Changed in 1.0:** the schedule is given in :func:`jaxrdp.dpsgd_epsilon`'s order (q, σ, T)
@@ -117,6 +117,12 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
       order) or ``"pld"`` (the privacy-loss distribution, :func:`jaxrdp.pld_epsilon`: tight,
       float64, whole steps; ``orders`` does not apply). Every iterate and the result are
       held to the budget by that accountant.
+    key: for a *stochastic* utility (a training run with fresh noise and batches each
+      iteration: a stochastic gradient of the expected utility, not the gradient of one fixed
+      draw): a PRNG key; ``utility`` is then called as ``utility(noise_multiplier,
+      sampling_rate, key)`` with a fresh key each iteration (``jax.random.fold_in(key, i)``;
+      the reported ``utility`` with the last). None (the default): ``utility`` is
+      deterministic and takes two arguments.
 
   Returns:
     A :class:`ScheduleResult`; ``epsilon`` ≤ ``target_epsilon`` always holds.
@@ -142,6 +148,9 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
   num_iterations = validation.check_int("num_iterations", num_iterations, lo=0)
   validation.check_choice("design", design, DESIGNS)
   by_pld = use_pld(accountant, orders=orders)
+  if key is not None:   # an int seed or a legacy key as a key (TypeError / ValueError else)
+    raw, impl = validation.canonical_key(key)
+    key = raw if impl is None else jax.random.wrap_key_data(raw, impl=impl)
   if not validation.is_concrete((sampling_rate, noise_multiplier, steps, target_epsilon, delta,
                                  orders)):
     # Its iterations and its safe re-scaling run from the host (a bisection on concrete ε,
@@ -165,8 +174,9 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
   theta = jnp.log(sigma0)
   moves_q = design != "noise_multiplier"
   if moves_q and not bool(jnp.all((q > 0) | (t == 0))):
-    raise ValueError("design='sampling_rate' or 'both' needs sampling_rate > 0 in every phase "
-                     "with steps (its shape is optimised in log q).")
+    raise ValueError(f"design={design!r} needs sampling_rate in (0, 1] in every phase with "
+                     f"steps (its shape is optimised in log q); got sampling_rate "
+                     f"{np.asarray(q).tolist()} with steps {np.asarray(t).tolist()}.")
   # phi: log q up to a constant (the expected gradient count Q fixes it); None: q held.
   phi = jnp.log(jnp.where(t > 0, q, 1.0)) if moves_q else None
   rates = _rates(q, t)
@@ -177,7 +187,8 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
   opt_state = optimizer.init(shape)
   history = []
   for iteration in range(1, int(num_iterations) + 1):
-    shape, u, opt_state, value = step(shape, u, opt_state, log_target)
+    draw = None if key is None else jax.random.fold_in(key, iteration)
+    shape, u, opt_state, value = step(shape, u, opt_state, log_target, draw)
     history.append(float(value))
     if callback is not None:
       callback(iteration, history[-1])
@@ -188,7 +199,9 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
   eps = epsilon(q, sigma)
   if not bool(eps <= target_epsilon):  # the bisection keeps the safe side; this cannot fail
     raise RuntimeError(f"internal error: projected schedule has epsilon {float(eps)} > target.")
-  return ScheduleResult(sigma, q, t, eps, utility(sigma, q), np.asarray(history))
+  final = (utility(sigma, q) if key is None
+           else utility(sigma, q, jax.random.fold_in(key, int(num_iterations))))
+  return ScheduleResult(sigma, q, t, eps, final, np.asarray(history))
 
 
 def _epsilon_of(by_pld, t, delta, grid):
@@ -234,18 +247,21 @@ def _make_step(utility, optimizer, theta0, rates, epsilon, t, by_pld):
     theta, q = unpack(shape)
     return jnp.log(epsilon(q, jnp.exp(u + theta), refine=False, pld_grid=pld_grid))
   h_grad = jax.value_and_grad(log_eps, argnums=(0, 1))
-  u_grad = jax.grad(lambda u, shape: utility(jnp.exp(u + unpack(shape)[0]), unpack(shape)[1]),
-                    argnums=(0, 1))
+
+  def utility_at(sigma, q, key):
+    return utility(sigma, q) if key is None else utility(sigma, q, key)
+  u_grad = jax.grad(lambda u, shape, key: utility_at(jnp.exp(u + unpack(shape)[0]),
+                                                     unpack(shape)[1], key), argnums=(0, 1))
 
   @functools.partial(jax.jit, static_argnames=("pld_grid",))
-  def compiled(shape, u, opt_state, log_target, pld_grid=None):
+  def compiled(shape, u, opt_state, log_target, key, pld_grid=None):
     h, (h_u, h_shape) = h_grad(u, shape, pld_grid)
     h_u = jnp.where(h_u < 0, h_u, -1.0)   # ε strictly decreases in the scale
     # Newton step onto the boundary, damped to a factor e^2 in σ; where ε is infinite or NaN
     # (a coarse order grid, tiny σ) there is no Newton step: more noise, by e^0.5.
     newton = u - (h - log_target) / h_u
     u = jnp.where(jnp.isfinite(newton), jnp.clip(newton, u - 2.0, u + 2.0), u + 0.5)
-    dU_du, dU_dshape = u_grad(u, shape)
+    dU_du, dU_dshape = u_grad(u, shape, key)
     # implicit-function theorem; no direction where it is not finite: keep the shape there
     total = lambda a, b: a - dU_du * b / h_u
     grad = jax.tree_util.tree_map(lambda a, b: jnp.where(jnp.isfinite(total(a, b)),
@@ -253,18 +269,18 @@ def _make_step(utility, optimizer, theta0, rates, epsilon, t, by_pld):
     updates, opt_state = optimizer.update(grad, opt_state, shape)
     shape = jax.tree_util.tree_map(lambda p, d: (p + d).astype(p.dtype), shape, updates)
     theta, q = unpack(shape)
-    return (shape, u, opt_state, utility(jnp.exp(u + theta), q)), jnp.isfinite(h)
+    return (shape, u, opt_state, utility_at(jnp.exp(u + theta), q, key)), jnp.isfinite(h)
 
   if not by_pld:
     return lambda *args: compiled(*args)[0]
   sized = {}
 
-  def step(shape, u, opt_state, log_target):
+  def step(shape, u, opt_state, log_target, key):
     theta, q = unpack(shape)
     for _ in range(2):   # a grid too small for this iterate (ε = inf on it): size it again
       if "grid" not in sized:
         sized["grid"] = pld.pld_grid(q, _PLD_MARGIN * jnp.exp(u + theta), t)
-      out, finite = compiled(shape, u, opt_state, log_target, pld_grid=sized["grid"])
+      out, finite = compiled(shape, u, opt_state, log_target, key, pld_grid=sized["grid"])
       if bool(finite):
         break
       sized.pop("grid")
