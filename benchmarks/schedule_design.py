@@ -37,7 +37,7 @@ Run::
 
     pip install scikit-learn mnist1d   # MNIST-1D and the breast-cancer data
     python benchmarks/schedule_design.py [--tasks digits,mnist1d,cancer] [--seeds 10]
-        [--epsilons 1,3,8] [--json benchmarks/results/schedule_design.json]
+        [--epsilons 1,3,8] [--json benchmarks/results/experiments/schedule_design.json] [--docs]
 
 Writes the JSON (per task, ε and method: schedule, learning rate, validation and test accuracy
 per seed) and prints the table.
@@ -354,6 +354,7 @@ def main(argv=None):
     write_docs(json.load(open(args.from_json)), *docs)
     return
   start = time.perf_counter()
+  import _results   # the run's provenance: command, date, machine, versions
   report = {"delta": DELTA, "phases": PHASES, "clip": CLIP, "seeds": args.seeds, "tasks": {}}
   for name in args.tasks.split(","):
     task = load_task(name)
@@ -394,6 +395,7 @@ def main(argv=None):
               f"q {q[0]:.4f}->{q[-1]:.4f}  eps rdp {rdp_eps:.4f} pld {pld_eps:.4f} "
               f"({time.perf_counter() - t0:.0f} s)", flush=True)
   report["seconds"] = time.perf_counter() - start
+  report.update(_results.metadata())
   print(f"total {report['seconds']:.0f} s")
   if args.json:
     with open(args.json, "w") as f:
