@@ -629,6 +629,14 @@ JIT_TABLE = {
         dict(target_epsilon=outside("target_epsilon"), delta=outside("delta"),
              sampling_rate=outside("sampling_rate"), noise_multiplier=outside("noise_multiplier"),
              orders=outside("orders"))),
+    "optimize_schedule": (   # the whole design in the graph (every floating field NaN)
+        lambda orders, **kw: jaxrdp.optimize_schedule(
+            lambda s, q: jnp.sum(s ** 2), **kw, num_iterations=2, orders=_grid(orders)),
+        dict(_SCHEDULE, target_epsilon=2.0, delta=1e-5, orders=2.0),
+        dict(sampling_rate=outside("sampling_rate"),
+             noise_multiplier=outside("positive_noise_multiplier"), steps=outside("steps"),
+             target_epsilon=outside("target_epsilon"), delta=outside("delta"),
+             orders=outside("orders"))),
     "epsilon_trajectory": (
         lambda orders, **kw: jaxrdp.epsilon_trajectory(**kw, orders=_grid(orders)),
         dict(_SCHEDULE, delta=1e-5, at_steps=50.0, orders=2.0),
@@ -650,9 +658,6 @@ EAGER_ONLY = {
     "sweep": lambda x: jaxrdp.sweep(x, np.array([1.0]), np.array([10.0]), np.array([1e-5])),
     "sweep_noise_multiplier": lambda x: jaxrdp.sweep_noise_multiplier(
         x, deltas=np.array([1e-5]), sampling_rates=np.array([0.01]), steps=np.array([10.0])),
-    "optimize_schedule": lambda x: jaxrdp.optimize_schedule(
-        lambda s, q: jnp.sum(s ** 2), sampling_rate=0.01, noise_multiplier=[1.0, 1.0],
-        steps=[50, 50], target_epsilon=x, delta=1e-5, num_iterations=2),
     "noisy_sgd_utility": lambda x: jaxrdp.noisy_sgd_utility(
         [50, 50], 0.1, l2_norm_clip=x, dataset_size=1000, curvature=0.1),
     "poisson_max_batch_size": lambda x: jaxrdp.poisson_max_batch_size(1000, x),

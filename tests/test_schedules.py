@@ -212,3 +212,69 @@ def test_a_stochastic_utility_gets_a_fresh_key_each_iteration_and_the_same_resul
     jaxrdp.optimize_schedule(utility, sampling_rate=Q, noise_multiplier=jnp.array([1.0, 1.0]),
                              steps=T, target_epsilon=2.0, delta=DELTA, num_iterations=1,
                              key=jax.random.key(0))
+
+
+def _random_design_problem(seed, budgets):
+  """A random schedule (2 to 5 phases of 30 to 60 steps), its noisy-SGD utility and random
+  budgets in [1, 4]."""
+  rng = np.random.default_rng(seed)
+  phases = int(rng.integers(2, 6))
+  steps = jnp.asarray(rng.integers(30, 61, phases).astype(float))
+  q0 = jnp.asarray(rng.uniform(0.01, 0.05, phases))
+  sigma0 = jnp.asarray(rng.uniform(0.8, 1.5, phases))
+  u = jaxrdp.noisy_sgd_utility(steps, 0.2, l2_norm_clip=1.0, dataset_size=2000, curvature=0.05)
+  return u, q0, sigma0, steps, jnp.asarray(rng.uniform(1.0, 4.0, budgets))
+
+
+@pytest.mark.parametrize("design,seed", [("noise_multiplier", 10), ("sampling_rate", 11),
+                                         ("both", 12)])
+def test_the_design_runs_under_jit_and_spends_at_most_each_random_budget(design, seed):
+  u, q0, sigma0, steps, budgets = _random_design_problem(seed, 2)
+  design_for = jax.jit(jax.vmap(lambda b: jaxrdp.optimize_schedule(
+      u, sampling_rate=q0, noise_multiplier=sigma0, steps=steps, target_epsilon=b, delta=DELTA,
+      num_iterations=12, design=design)))
+  results = design_for(budgets)
+  assert results.history.shape == (2, 12)
+  for i, target in enumerate(np.asarray(budgets)):
+    sigma, q = results.noise_multiplier[i], results.sampling_rate[i]
+    eps = float(jaxrdp.dpsgd_epsilon(q, sigma, steps, DELTA))   # eagerly, on its own path
+    assert eps == pytest.approx(float(results.epsilon[i]), rel=1e-12)
+    assert target * (1 - 1e-8) <= eps <= target
+    assert float(jnp.sum(q * steps)) == pytest.approx(float(jnp.sum(q0 * steps)), rel=1e-12)
+    if design == "noise_multiplier":
+      np.testing.assert_array_equal(q, q0)
+    if design == "sampling_rate":   # σ's shape is held
+      np.testing.assert_allclose(sigma / sigma0, sigma[0] / sigma0[0], rtol=1e-12)
+    # The same design as an eager call (which solves for the initial scale where the graph
+    # takes five Newton steps onto the boundary).
+    eager = jaxrdp.optimize_schedule(u, sampling_rate=q0, noise_multiplier=sigma0, steps=steps,
+                                     target_epsilon=float(target), delta=DELTA,
+                                     num_iterations=12, design=design)
+    np.testing.assert_allclose(sigma, eager.noise_multiplier, rtol=1e-3)
+    np.testing.assert_allclose(q, eager.sampling_rate, rtol=1e-3)
+    assert float(results.utility[i]) == pytest.approx(float(eager.utility), rel=1e-3)
+    assert float(results.utility[i]) < float(results.history[i, 0])   # it improved
+
+
+def test_the_design_runs_under_jit_with_the_pld_on_a_given_grid_and_reports_progress():
+  u, q0, sigma0, steps, budgets = _random_design_problem(13, 1)
+  target = float(budgets[0])
+  grid = jaxrdp.pld_grid(q0, 0.5 * sigma0, steps)   # wide enough for the designs reached
+  calls = []
+  design_for = jax.jit(lambda b: jaxrdp.optimize_schedule(
+      u, sampling_rate=q0, noise_multiplier=sigma0, steps=steps, target_epsilon=b, delta=DELTA,
+      num_iterations=4, design="both", accountant="pld", pld_grid=grid,
+      callback=lambda i, value: calls.append((i, value))))
+  result = jax.block_until_ready(design_for(target))
+  eps = float(jaxrdp.dpsgd_epsilon(result.sampling_rate, result.noise_multiplier, steps, DELTA,
+                                   accountant="pld", pld_grid=grid))
+  assert eps == pytest.approx(float(result.epsilon), rel=1e-12)
+  assert target * (1 - 1e-8) <= eps <= target
+  assert float(jnp.sum(result.sampling_rate * steps)) == pytest.approx(
+      float(jnp.sum(q0 * steps)), rel=1e-12)
+  assert [i for i, _ in calls] == [1, 2, 3, 4]
+  np.testing.assert_allclose([v for _, v in calls], result.history, rtol=1e-12)
+  with pytest.raises(TypeError, match="pld_grid"):   # the PLD's sizes need concrete values
+    jax.jit(lambda b: jaxrdp.optimize_schedule(
+        u, sampling_rate=q0, noise_multiplier=sigma0, steps=steps, target_epsilon=b,
+        delta=DELTA, num_iterations=1, accountant="pld"))(target)

@@ -30,9 +30,10 @@ class _BoundaryState(NamedTuple):
   found: Any     # some point had g <= 0 (hi is finite)
   count: Any     # evaluations of g so far (int32)
   is_open: Any   # some evaluation used a value left open
+  value: Any     # what g returned with its value at high (NaN until hi is finite)
 
 
-def _safe_boundary(g, s0, s_min, s_max, batched_as=()):
+def _safe_boundary(g, s0, s_min, s_max, batched_as=(), with_value=False):
   r"""Smallest s in [s_min, s_max] with g(s) ≤ 0, for g non-increasing ("ok" to the right).
 
   One evaluation of g per step of a single ``while_loop`` (one copy of the kernel in the
@@ -45,17 +46,23 @@ def _safe_boundary(g, s0, s_min, s_max, batched_as=()):
   Returns (s, found, open): s is always a point where g was evaluated and found ≤ 0, or
   s_min when g(s_min) ≤ 0; found is false when even g(s_max) > 0. ``g`` returns its value and
   a flag (a value it used was left open, see :func:`jaxrdp.accounting.epsilon._grid_values`);
-  ``open``: any flag. ``batched_as``: the values g depends on
+  ``open``: any flag. ``g`` may return a third value, a scalar of the dtype of ``s0`` (such as
+  ε itself): with ``with_value``, the one it returned at the point returned is returned too
+  (NaN where none was found), so that a caller need not evaluate g there again.
+  ``batched_as``: the values g depends on
   (:func:`jaxrdp._internal.loops.while_loop`).
   The steps are :func:`_boundary_point` and :func:`_boundary_update`, which
   :func:`_host_boundary` runs from the host instead.
   """
   def body(state):
     x = _boundary_point(state, s0, s_min, s_max, jnp)
-    return _boundary_update(state, x, *g(x), s_min, s_max, jnp)
+    gx, open_x, *value = g(x)
+    return _boundary_update(state, x, gx, open_x, s_min, s_max, jnp, *value)
   state = loops.while_loop(lambda st: ~st.done & (st.count < _BOUNDARY_STEPS), body,
                            jax.tree_util.tree_map(jnp.asarray, _boundary_start(s0.dtype)),
                            batched_as=batched_as)
+  if with_value:
+    return state.high, state.found, state.is_open, state.value
   return state.high, state.found, state.is_open
 
 
@@ -67,7 +74,7 @@ def _boundary_start(dtype):
   inf = np.asarray(np.inf, dtype)
   false, zero = np.asarray(False), np.asarray(0, np.int32)
   return _BoundaryState(low=-inf, high=inf, f_lo=inf, f_hi=-inf, side=zero, done=false,
-                        found=false, count=zero, is_open=false)
+                        found=false, count=zero, is_open=false, value=np.asarray(np.nan, dtype))
 
 
 def _boundary_point(state, s0, s_min, s_max, xp):
@@ -92,8 +99,9 @@ def _bracket_tolerance(hi, xp):
   return xp.maximum(1e-9, 4 * float(np.finfo(hi.dtype).eps) * xp.maximum(1.0, xp.abs(hi)))
 
 
-def _boundary_update(state, x, gx, open_x, s_min, s_max, xp):
-  """The state of :func:`_safe_boundary` after g(x) = gx (open_x: it used an open value)."""
+def _boundary_update(state, x, gx, open_x, s_min, s_max, xp, value=None):
+  """The state of :func:`_safe_boundary` after g(x) = gx (open_x: it used an open value;
+  ``value``: what g returned with it, kept where x becomes the high end)."""
   lo, hi, f_lo, f_hi, side = state.low, state.high, state.f_lo, state.f_hi, state.side
   inf = xp.asarray(np.inf, lo.dtype)
   gx = xp.where(xp.isnan(gx), inf, gx).astype(lo.dtype)   # no information counts as not ok
@@ -106,8 +114,10 @@ def _boundary_update(state, x, gx, open_x, s_min, s_max, xp):
   done = ((~ok & (x >= s_max)) | (ok & (x <= s_min))
           | (xp.isfinite(lo) & found & (hi - lo < _bracket_tolerance(hi, xp))))
   side = xp.where(ok, -1, 1).astype(np.int32)
+  kept = state.value if value is None else xp.where(ok, value, state.value).astype(lo.dtype)
   return _BoundaryState(low=lo, high=hi, f_lo=new_f_lo, f_hi=new_f_hi, side=side, done=done,
-                        found=found, count=state.count + 1, is_open=state.is_open | open_x)
+                        found=found, count=state.count + 1, is_open=state.is_open | open_x,
+                        value=kept)
 
 
 def _host_boundary(g, s0, s_min, s_max, dtype):

@@ -41,6 +41,7 @@ from jaxrdp._internal import validation
 from jaxrdp.accounting import pld
 from jaxrdp.accounting.dpsgd import dpsgd_epsilon_unchecked, order_grid, schedule_phases
 from jaxrdp.accounting.epsilon import use_pld
+from jaxrdp.accounting.schedule_steps import design_in_graph, rates_of, step_function
 
 _PROJECTION_STEPS = 60   # at most this many evaluations of the final safe re-scaling
 DESIGNS = ("noise_multiplier", "sampling_rate", "both")
@@ -77,7 +78,8 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
                       orders: jax.typing.ArrayLike | None = None,
                       callback: Callable[[int, float], None] | None = None,
                       design: str = "noise_multiplier",
-                      accountant: str = "rdp", key: jax.Array | None = None) -> ScheduleResult:
+                      accountant: str = "rdp", key: jax.Array | None = None,
+                      pld_grid: pld.PldGrid | None = None) -> ScheduleResult:
   r"""The noise schedule minimising ``utility`` whose DP-SGD ε is at most ``target_epsilon``.
 
   **Changed in 1.0:** the schedule is given in :func:`jaxrdp.dpsgd_epsilon`'s order (q, σ, T)
@@ -123,17 +125,31 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
       sampling_rate, key)`` with a fresh key each iteration (``jax.random.fold_in(key, i)``;
       the reported ``utility`` with the last). None (the default): ``utility`` is
       deterministic and takes two arguments.
+    pld_grid: with ``accountant="pld"``, the PLD's static grid sizes (:func:`jaxrdp.pld_grid`,
+      made for the widest schedule the design may reach: the smallest σ, e.g. the initial
+      schedule scaled to reach the budget at half its σ). Required inside ``jax.jit``; given
+      eagerly, the design runs as under ``jax.jit``. Every iterate and the result are then
+      accounted on this grid (the result's ε is ``dpsgd_epsilon(..., accountant="pld",
+      pld_grid=pld_grid)``; a schedule too wide for the grid gets a larger, still valid ε).
 
   Returns:
     A :class:`ScheduleResult`; ``epsilon`` ≤ ``target_epsilon`` always holds.
+
+  **Inside** ``jax.jit`` (any argument traced: the budget, the schedule, δ, the key; or
+  ``pld_grid`` given) the whole design is one JAX function (:func:`schedule_steps.\
+design_in_graph`): the same step in a ``lax.scan`` (after five Newton steps onto the budget's
+  boundary, where eager calls solve for it), the safe re-scaling by the calibrations' root
+  finder in the graph (the scale to 1e-9, ε a few ulps below the target), ``history`` a JAX
+  array, and ``callback`` called from the graph. Invalid values give NaN there, and so does a
+  budget no scale in e^±40 meets (eagerly a ValueError).
 
   Method: projection by a common scale with implicit gradients (module docstring).
 
   Raises:
     ValueError: an argument outside its range (the message names it, the range and the
       value), or shapes that do not fit (named, with the shapes).
-    TypeError: an argument that is not real-valued, or traced (under ``jax.jit``,
-      ``jax.vmap`` or ``jax.grad``: the optimisation runs from the host).
+    TypeError: an argument that is not real-valued; ``accountant="pld"`` with traced
+      arguments and no ``pld_grid``.
   """
   if not callable(utility):
     raise TypeError(f"utility must be a callable utility(noise_multiplier, sampling_rate), got "
@@ -147,20 +163,18 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
   validation.check_scalar(target_epsilon=target_epsilon, delta=delta)
   num_iterations = validation.check_int("num_iterations", num_iterations, lo=0)
   validation.check_choice("design", design, DESIGNS)
-  by_pld = use_pld(accountant, orders=orders)
+  by_pld = use_pld(accountant, pld_grid=pld_grid, orders=orders)
   if key is not None:   # an int seed or a legacy key as a key (TypeError / ValueError else)
     raw, impl = validation.canonical_key(key)
     key = raw if impl is None else jax.random.wrap_key_data(raw, impl=impl)
-  if not validation.is_concrete((sampling_rate, noise_multiplier, steps, target_epsilon, delta,
-                                 orders)):
-    # Its iterations and its safe re-scaling run from the host (a bisection on concrete ε,
-    # a NumPy history): traced values would only fail deeper, less clearly.
-    raise TypeError("optimize_schedule runs its iterations from the host and cannot be traced; "
-                    "call it outside jax.jit / jax.vmap / jax.grad.")
+  in_graph = pld_grid is not None or not validation.is_concrete(
+      (sampling_rate, noise_multiplier, steps, target_epsilon, delta, orders, key))
+  if in_graph:
+    return _optimize_in_graph(utility, sampling_rate, noise_multiplier, steps, target_epsilon,
+                              delta, optimizer, num_iterations, orders, callback, design,
+                              by_pld, key, pld_grid)
   q, sigma0, t = schedule_phases(sampling_rate, noise_multiplier, steps)
-  if not bool(jnp.any((q > 0) & (t > 0))):
-    raise ValueError("the schedule spends no privacy (every phase has sampling_rate = 0 or "
-                     "steps = 0): there is nothing to optimise.")
+  _check_schedule(q, t, design)
   dtype = q.dtype
   if by_pld:   # the PLD's own checks: float64, whole steps (ValueError / TypeError)
     q, sigma0, t = pld.checked_phases(sampling_rate, noise_multiplier, steps, "the PLD accountant")
@@ -173,13 +187,9 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
 
   theta = jnp.log(sigma0)
   moves_q = design != "noise_multiplier"
-  if moves_q and not bool(jnp.all((q > 0) | (t == 0))):
-    raise ValueError(f"design={design!r} needs sampling_rate in (0, 1] in every phase with "
-                     f"steps (its shape is optimised in log q); got sampling_rate "
-                     f"{np.asarray(q).tolist()} with steps {np.asarray(t).tolist()}.")
   # phi: log q up to a constant (the expected gradient count Q fixes it); None: q held.
   phi = jnp.log(jnp.where(t > 0, q, 1.0)) if moves_q else None
-  rates = _rates(q, t)
+  rates = rates_of(q, t)
   # Start on the boundary: solve for the scale of the initial shape exactly.
   u = _safe_scale(theta, jnp.zeros((), dtype), rates(phi), epsilon, target_epsilon, t, by_pld)
   shape = (theta if design != "sampling_rate" else None, phi)
@@ -204,6 +214,52 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
   return ScheduleResult(sigma, q, t, eps, final, np.asarray(history))
 
 
+def _check_schedule(q, t, design):
+  """Where the phases are known: a schedule that spends privacy and, where q is designed (in
+  log q), q > 0 in every phase with steps (ValueError otherwise; NaN in a graph)."""
+  if not validation.is_concrete((q, t)):
+    return
+  if not bool(np.any((np.asarray(q) > 0) & (np.asarray(t) > 0))):
+    raise ValueError("the schedule spends no privacy (every phase has sampling_rate = 0 or "
+                     "steps = 0): there is nothing to optimise.")
+  if design != "noise_multiplier" and not bool(np.all((np.asarray(q) > 0) | (np.asarray(t) == 0))):
+    raise ValueError(f"design={design!r} needs sampling_rate in (0, 1] in every phase with "
+                     f"steps (its shape is optimised in log q); got sampling_rate "
+                     f"{np.asarray(q).tolist()} with steps {np.asarray(t).tolist()}.")
+
+
+def _optimize_in_graph(utility, sampling_rate, noise_multiplier, steps, target, delta, optimizer,
+                       num_iterations, orders, callback, design, by_pld, key, pld_grid):
+  """:func:`optimize_schedule` as one JAX function (:func:`schedule_steps.design_in_graph`):
+  the arguments are checked (eagerly, where known), invalid values give NaN."""
+  if by_pld:
+    if pld_grid is None:
+      raise TypeError("optimize_schedule(accountant='pld') inside jax.jit needs pld_grid= "
+                      "(jaxrdp.pld_grid(...) of the widest schedule the design may reach, "
+                      "computed outside): the PLD's array sizes cannot be read from traced values.")
+    q, sigma0, t = pld.checked_phases(sampling_rate, noise_multiplier, steps, "the PLD accountant")
+  else:
+    q, sigma0, t = schedule_phases(sampling_rate, noise_multiplier, steps)
+  _check_schedule(q, t, design)
+  dtype = q.dtype
+  grid = order_grid(orders, dtype)
+  moves_q = design != "noise_multiplier"
+  valid = validation.combine_masks(
+      validation.all_in_domains(sampling_rate=q, positive_noise_multiplier=sigma0, steps=t,
+                                delta=delta, target_epsilon=target, orders=grid),
+      jnp.any((q > 0) & (t > 0)), jnp.all((q > 0) | (t == 0)) if moves_q else True)
+  if by_pld:
+    valid = validation.combine_masks(valid, jnp.all(t == jnp.floor(t)))
+  delta = validation.to_device(delta, dtype)
+  import optax   # here, not at import: an accounting query does not pay for importing optax
+  optimizer = optax.adam(0.05) if optimizer is None else optimizer
+  target = jnp.asarray(target, dtype)
+  sigma, q, eps, final, history = design_in_graph(
+      utility, optimizer, q, jnp.log(sigma0), t, design, _epsilon_of(by_pld, t, delta, grid),
+      target, num_iterations, key=key, pld_grid=pld_grid, callback=callback)
+  return ScheduleResult(*validation.nan_where_invalid(valid, (sigma, q, t, eps, final, history)))
+
+
 def _epsilon_of(by_pld, t, delta, grid):
   """``epsilon(q, σ, refine=True, pld_grid=None)``: ε of the schedule with steps ``t`` by the
   budget's accountant; RDP at the refined order, or at the grid orders (``refine=False``, the
@@ -219,57 +275,17 @@ def _epsilon_of(by_pld, t, delta, grid):
 _PLD_MARGIN = 0.8   # the iterations' PLD grid is sized for σ this many times the iterate's
 
 
-def _rates(q0, t):
-  """phi -> the sampling rates of the shape phi: q_i = Q e^phi_i / sum_j T_j e^phi_j with
-  Q = sum_i T_i q0_i (the expected gradient count of the initial schedule), capped at 1;
-  phi None: q0."""
-  count = jnp.sum(t * q0)
-
-  def rates(phi):
-    if phi is None:
-      return q0
-    w = jnp.exp(phi - jnp.max(phi))
-    return jnp.minimum(count * w / jnp.sum(t * w), 1.0)
-  return rates
-
-
 def _make_step(utility, optimizer, theta0, rates, epsilon, t, by_pld):
-  """One iteration on the shape (theta, phi) (either None: held at theta0 or the initial q):
-  a Newton step of the scale u onto the budget's boundary, then the optimiser's step on the
-  utility's total derivative along the boundary (implicit-function theorem); one compiled
-  program. With the PLD its grid's static sizes are those of the iterate with σ scaled by
-  _PLD_MARGIN, kept while every iterate's ε is finite on them and sized again otherwise (the
-  result's ε is the PLD sized from its own values: the grid only serves the iterations)."""
+  """One iteration on the shape (theta, phi) (:func:`schedule_steps.step_function`) as one
+  compiled program. With the PLD its grid's static sizes are those of the iterate with σ
+  scaled by _PLD_MARGIN, kept while every iterate's ε is finite on them and sized again
+  otherwise (the result's ε is the PLD sized from its own values: the grid only serves the
+  iterations)."""
+  compiled = jax.jit(step_function(utility, optimizer, theta0, rates, epsilon),
+                     static_argnames=("pld_grid",))
+
   def unpack(shape):
     return theta0 if shape[0] is None else shape[0], rates(shape[1])
-
-  def log_eps(u, shape, pld_grid):
-    theta, q = unpack(shape)
-    return jnp.log(epsilon(q, jnp.exp(u + theta), refine=False, pld_grid=pld_grid))
-  h_grad = jax.value_and_grad(log_eps, argnums=(0, 1))
-
-  def utility_at(sigma, q, key):
-    return utility(sigma, q) if key is None else utility(sigma, q, key)
-  u_grad = jax.grad(lambda u, shape, key: utility_at(jnp.exp(u + unpack(shape)[0]),
-                                                     unpack(shape)[1], key), argnums=(0, 1))
-
-  @functools.partial(jax.jit, static_argnames=("pld_grid",))
-  def compiled(shape, u, opt_state, log_target, key, pld_grid=None):
-    h, (h_u, h_shape) = h_grad(u, shape, pld_grid)
-    h_u = jnp.where(h_u < 0, h_u, -1.0)   # ε strictly decreases in the scale
-    # Newton step onto the boundary, damped to a factor e^2 in σ; where ε is infinite or NaN
-    # (a coarse order grid, tiny σ) there is no Newton step: more noise, by e^0.5.
-    newton = u - (h - log_target) / h_u
-    u = jnp.where(jnp.isfinite(newton), jnp.clip(newton, u - 2.0, u + 2.0), u + 0.5)
-    dU_du, dU_dshape = u_grad(u, shape, key)
-    # implicit-function theorem; no direction where it is not finite: keep the shape there
-    total = lambda a, b: a - dU_du * b / h_u
-    grad = jax.tree_util.tree_map(lambda a, b: jnp.where(jnp.isfinite(total(a, b)),
-                                                         total(a, b), 0.0), dU_dshape, h_shape)
-    updates, opt_state = optimizer.update(grad, opt_state, shape)
-    shape = jax.tree_util.tree_map(lambda p, d: (p + d).astype(p.dtype), shape, updates)
-    theta, q = unpack(shape)
-    return (shape, u, opt_state, utility_at(jnp.exp(u + theta), q, key)), jnp.isfinite(h)
 
   if not by_pld:
     return lambda *args: compiled(*args)[0]

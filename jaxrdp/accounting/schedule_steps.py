@@ -1,0 +1,144 @@
+r"""The iterations of :func:`jaxrdp.optimize_schedule`: one step, and the whole design in a graph.
+
+A step (:func:`step_function`) moves the scale u onto the budget's boundary by one Newton step
+in u on :math:`h(u, \theta) = \log\varepsilon(e^{u}\tilde\sigma) - \log\varepsilon^\star`, then
+takes the optimiser's step on the utility's total derivative along the boundary (the
+implicit-function theorem, :math:`du/d\theta = -h_\theta / h_u`). The host driver in
+:mod:`jaxrdp.accounting.schedules` calls it once per iteration, compiled; :func:`design_in_graph`
+runs the same step in a ``lax.scan`` and the safe re-scaling in the calibrations' root finder
+(:func:`jaxrdp.accounting.roots._safe_boundary`), so that the whole design is one JAX function:
+it runs inside a user's ``jax.jit``, with traced budgets, schedules and keys.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+import numpy as np
+
+from jaxrdp.accounting.roots import _safe_boundary
+
+WARMUP_STEPS = 5   # Newton steps onto the boundary before the first optimiser step (in a graph)
+_SCALE_RANGE = 40.0   # the safe scale is searched for in [-40, 40] (σ within e^±40 of the shape)
+
+
+def rates_of(q0, t):
+  """phi -> the sampling rates of the shape phi: q_i = Q e^phi_i / sum_j T_j e^phi_j with
+  Q = sum_i T_i q0_i (the expected gradient count of the initial schedule), capped at 1;
+  phi None: q0."""
+  count = jnp.sum(t * q0)
+
+  def rates(phi):
+    if phi is None:
+      return q0
+    w = jnp.exp(phi - jnp.max(phi))
+    return jnp.minimum(count * w / jnp.sum(t * w), 1.0)
+  return rates
+
+
+def step_function(utility, optimizer, theta0, rates, epsilon):
+  """``step(shape, u, opt_state, log_target, key, pld_grid=None, learn=True)`` ->
+  ((shape, u, opt_state, utility), whether ε was finite): one iteration on the shape (theta,
+  phi) (either None: held at ``theta0`` or at the initial q). ``epsilon`` is the budget's
+  accountant (:func:`jaxrdp.accounting.schedules._epsilon_of`), read at the grid orders (RDP)
+  or on ``pld_grid`` (PLD). ``learn`` false (a traced bool): the Newton step only, the shape
+  and the optimiser's state kept."""
+  def unpack(shape):
+    return theta0 if shape[0] is None else shape[0], rates(shape[1])
+
+  def log_eps(u, shape, pld_grid):
+    theta, q = unpack(shape)
+    return jnp.log(epsilon(q, jnp.exp(u + theta), refine=False, pld_grid=pld_grid))
+  h_grad = jax.value_and_grad(log_eps, argnums=(0, 1))
+
+  def utility_at(sigma, q, key):
+    return utility(sigma, q) if key is None else utility(sigma, q, key)
+  u_grad = jax.grad(lambda u, shape, key: utility_at(jnp.exp(u + unpack(shape)[0]),
+                                                     unpack(shape)[1], key), argnums=(0, 1))
+
+  def step(shape, u, opt_state, log_target, key, pld_grid=None, learn=True):
+    h, (h_u, h_shape) = h_grad(u, shape, pld_grid)
+    h_u = jnp.where(h_u < 0, h_u, -1.0)   # ε strictly decreases in the scale
+    # Newton step onto the boundary, damped to a factor e^2 in σ; where ε is infinite or NaN
+    # (a coarse order grid, tiny σ, a PLD grid too small) there is no Newton step: more
+    # noise, by e^0.5.
+    newton = u - (h - log_target) / h_u
+    u = jnp.where(jnp.isfinite(newton), jnp.clip(newton, u - 2.0, u + 2.0), u + 0.5)
+    dU_du, dU_dshape = u_grad(u, shape, key)
+    # implicit-function theorem; no direction where it is not finite: keep the shape there
+    total = lambda a, b: a - dU_du * b / h_u
+    grad = jax.tree_util.tree_map(lambda a, b: jnp.where(jnp.isfinite(total(a, b)),
+                                                         total(a, b), 0.0), dU_dshape, h_shape)
+    updates, new_state = optimizer.update(grad, opt_state, shape)
+    new_shape = jax.tree_util.tree_map(lambda p, d: (p + d).astype(p.dtype), shape, updates)
+    if learn is not True:
+      keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(learn, a, b), new, old)
+      new_shape, new_state = keep(new_shape, shape), keep(new_state, opt_state)
+    theta, q = unpack(new_shape)
+    return (new_shape, u, new_state, utility_at(jnp.exp(u + theta), q, key)), jnp.isfinite(h)
+  return step
+
+
+def safe_scale_in_graph(theta, u_guess, q, epsilon, target, pld_grid=None):
+  """(u, ε there): the smallest scale u (to 1e-9) with ε(e^u e^θ) at most ``target`` by a few
+  ulps, ε the budget's accountant at the refined order (or on ``pld_grid``), and that ε; NaN
+  both where no u in [-40, 40] meets the target. The calibrations' safe-side root finder, in
+  the graph: every point it returns was evaluated and met the target."""
+  dtype = u_guess.dtype
+  # A few ulps below the target: the same ε read on another path (eagerly, dpsgd_epsilon)
+  # may differ in its last bits.
+  log_target = jnp.log(target) + math.log1p(-16 * float(np.finfo(dtype).eps))
+
+  def g(u):
+    eps = epsilon(q, jnp.exp(u + theta), pld_grid=pld_grid).astype(dtype)
+    return jnp.log(eps) - log_target, jnp.zeros((), bool), eps
+  u, found, _, eps = _safe_boundary(g, u_guess, -_SCALE_RANGE, _SCALE_RANGE,
+                                    batched_as=(theta, q, target), with_value=True)
+  return jnp.where(found, u, jnp.nan), jnp.where(found, eps, jnp.nan)
+
+
+def design_in_graph(utility, optimizer, q0, theta0, t, design, epsilon, target, num_iterations,
+                    key=None, pld_grid=None, callback=None):
+  """(σ, q, ε, utility, history) of :func:`jaxrdp.optimize_schedule` as one JAX function.
+
+  From the initial shape at scale 0, WARMUP_STEPS Newton steps move the scale onto the
+  budget's boundary (the host driver solves for it instead); then ``num_iterations`` steps of
+  :func:`step_function` in a ``lax.scan`` (the same step the host driver compiles, with key
+  ``fold_in(key, i)`` at iteration i), and the safe re-scaling of the result
+  (:func:`safe_scale_in_graph`). ``callback(iteration, utility)`` is called from the graph
+  (``jax.debug.callback``) after each iteration."""
+  moves_q = design != "noise_multiplier"
+  phi = jnp.log(jnp.where(t > 0, q0, 1.0)) if moves_q else None
+  rates = rates_of(q0, t)
+  step = step_function(utility, optimizer, theta0, rates, epsilon)
+  shape = (theta0 if design != "sampling_rate" else None, phi)
+  dtype = theta0.dtype
+  log_target = jnp.log(jnp.asarray(target, dtype))
+  report = None
+  if callback is not None:
+    def report(i, value):
+      if int(i) >= 1:
+        callback(int(i), float(value))
+
+  def body(carry, i):
+    shape, u, opt_state = carry
+    draw = None if key is None else jax.random.fold_in(key, jnp.maximum(i, 0))
+    (shape, u, opt_state, value), _ = step(shape, u, opt_state, log_target, draw,
+                                           pld_grid=pld_grid, learn=i >= 1)
+    if report is not None:
+      jax.debug.callback(report, i, value)
+    return (shape, u, opt_state), value
+
+  iterations = jnp.arange(1 - WARMUP_STEPS, int(num_iterations) + 1)
+  carry = (shape, jnp.zeros((), dtype), optimizer.init(shape))
+  (shape, u, _), values = lax.scan(body, carry, iterations)
+  theta = theta0 if shape[0] is None else shape[0]
+  q = rates(shape[1])
+  u, eps = safe_scale_in_graph(theta, u, q, epsilon, target, pld_grid)
+  sigma = jnp.exp(u + theta)
+  last = None if key is None else jax.random.fold_in(key, int(num_iterations))
+  final = utility(sigma, q) if key is None else utility(sigma, q, last)
+  return sigma, q, eps, final, values[WARMUP_STEPS:]
