@@ -16,9 +16,9 @@ import math
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 import numpy as np
 
+from jaxrdp._internal import loops
 from jaxrdp.accounting.roots import _safe_boundary
 
 WARMUP_STEPS = 5   # Newton steps onto the boundary before the first optimiser step (in a graph)
@@ -134,7 +134,7 @@ def design_in_graph(utility, optimizer, q0, theta0, t, design, epsilon, target, 
 
   iterations = jnp.arange(1 - WARMUP_STEPS, int(num_iterations) + 1)
   carry = (shape, jnp.zeros((), dtype), optimizer.init(shape))
-  (shape, u, _), values = lax.scan(body, carry, iterations)
+  (shape, u, _), values = loops.scan(body, carry, iterations)
   theta = theta0 if shape[0] is None else shape[0]
   q = rates(shape[1])
   u, eps = safe_scale_in_graph(theta, u, q, epsilon, target, pld_grid)

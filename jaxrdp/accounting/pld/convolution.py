@@ -20,8 +20,8 @@ import numpy as np
 from jaxrdp._internal import loops
 from jaxrdp._internal import numerics
 from jaxrdp.accounting.pld.discretisation import (MAX_ELEMENTS, PldGrid, _BLOCK, _LAMBDAS,
-                                                  _MASS_FLOOR, _SMALLEST_NORMAL, _U, _Z,
-                                                  step_pmfs)
+                                                  _MASS_FLOOR, _SMALLEST_NORMAL, _U,
+                                                  _WRAP_NATS, _Z, step_pmfs)
 
 
 def _lambdas(interval: float) -> np.ndarray:
@@ -218,16 +218,43 @@ def _spectrum_error(log_modulus, log_upper, rounding, composed):
   return (spectral + inverse) * (1.0 + 1e-6) + _MASS_FLOOR
 
 
-def _tilt_order(k_total, lam, delta=None, epsilon=None):
+def _tilt_order(k_total, lam, width, delta=None, epsilon=None):
   """The tilt λ for reading δ(ε) (the Chernoff order of P(L ≥ ε): argmin K(λ) − λε) or ε(δ)
-  (that of the quantile at δ: argmin (K(λ) − log δ)/λ); any λ gives the same PLD, this one
-  puts the tilted composition's mass where δ is read."""
+  (that of the quantile at δ: argmin (K(λ) − log δ)/λ), lowered where the window is too
+  narrow for it; any λ gives the same PLD, this one puts the tilted composition's mass where
+  δ is read.
+
+  The circle wraps the mass above the window onto its bottom, W = ``width`` lower, where
+  undoing the tilt weighs it e^{λW} too much. That mass lands above the ε read where its loss
+  exceeds ε + W, so it adds at most e^{λW} P(L > ε + W) ≤ e^{λW + K(ν) − ν(ε + W)} (any ν > λ)
+  to δ(ε): sound (it only adds), but loose where it reaches δ, as with a large tilt on a
+  window sized for the untilted tails (short schedules, heavy upper tails). So λ is the
+  largest order up to the Chernoff one whose bound is at most e^{−_WRAP_NATS} δ (ε estimated
+  as the Chernoff quantile less 4/λ, δ(ε) as its Chernoff bound), the smallest order where
+  none is (tilting then hardly matters: the untilted wrapped mass is the tail's, below
+  tail_mass)."""
   if epsilon is None:
     objective = (k_total - jnp.log(delta)) / lam
   else:
     objective = k_total - lam * epsilon
-  best = jnp.argmin(jnp.where(jnp.isnan(objective), jnp.inf, objective), axis=-1)
-  return lax.stop_gradient(lam[best])
+  objective = jnp.where(jnp.isnan(objective), jnp.inf, objective)
+  best = jnp.argmin(objective, axis=-1)
+  lam_star = lam[best]
+  if epsilon is None:
+    reach = jnp.min(objective, axis=-1) - 4.0 / lam_star        # ε, from below
+    log_delta = jnp.log(delta) * jnp.ones_like(reach)
+  else:
+    reach = jnp.broadcast_to(epsilon, lam_star.shape)
+    log_delta = jnp.min(objective, axis=-1)                      # δ(ε), from above
+  tail = k_total - lam * (reach[:, None] + width)   # log of P(L > ε + W)'s bound at ν = λ
+  tail = jnp.where(jnp.isnan(tail), jnp.inf, tail)
+  above = jnp.concatenate([lax.cummin(tail, axis=tail.ndim - 1, reverse=True)[:, 1:],
+                           jnp.full(tail.shape[:-1] + (1,), jnp.inf, tail.dtype)], axis=-1)
+  ok = ((lam * width + above <= log_delta[:, None] - _WRAP_NATS)
+        & (jnp.arange(lam.shape[0]) <= best[:, None]))
+  index = jnp.where(jnp.any(ok, axis=-1),
+                    jnp.max(jnp.where(ok, jnp.arange(lam.shape[0]), -1), axis=-1), 0)
+  return lax.stop_gradient(lam[index])
 
 
 def _composed(q, sigma, t, grid, *, delta=None, epsilon=None):
@@ -253,7 +280,7 @@ def _composed(q, sigma, t, grid, *, delta=None, epsilon=None):
   # once where all phases fit in one chunk.
   steps = _step(q, sigma, grid) if q.shape[0] <= _phase_chunk(grid) else None
   k_total, log_finite, offset = _over_phases(_moment_sums, q, sigma, t, grid, steps=steps)
-  tilt = _tilt_order(k_total, lam, delta, epsilon)                        # (2,)
+  tilt = _tilt_order(k_total, lam, bins * interval, delta, epsilon)        # (2,)
   (log_modulus, angle, vanishes, log_upper, rounding, c_total, c_magnitude,
    log_relative) = _over_phases(_spectrum_sums, q, sigma, t, grid, tilt, steps=steps)
   # The window's top: the Chernoff quantile of the composed loss at tail_mass.

@@ -23,6 +23,7 @@ MAX_ELEMENTS = 1 << 27       # phases × directions × points of a work array (1
 _Z = 10.0                    # a step's loss range covers x ∈ [−Zσ, 1 + Zσ] (mass outside ≈ 1e-23)
 _LAMBDAS = 2.0 ** (np.arange(-12, 33) / 2)   # Chernoff orders λ of the window and its tail bound
 _LOWER_TAIL_MASS = 1e-12     # the composed mass below the window aimed at (wraps to its top)
+_WRAP_NATS = 16.0   # the wrapped mass aimed at when reading ε or δ: at most e^{−16} δ (~1e-7 δ)
 _BLOCK = 64                  # points per block of the moment-generating function's upper bound
 _READ_BLOCK = 512            # points per block of the two-level search for ε (divides ``bins``)
 _SQRT_HALF = math.sqrt(0.5)

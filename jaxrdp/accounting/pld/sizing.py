@@ -16,7 +16,8 @@ import numpy as np
 from jaxrdp._internal import validation
 from jaxrdp.accounting.pld.discretisation import (DEFAULT_INTERVAL, DEFAULT_TAIL_MASS, MAX_BINS,
                                                   MAX_ELEMENTS, PldGrid, _BLOCK, _LAMBDAS,
-                                                  _LOWER_TAIL_MASS, _READ_BLOCK, _Z, _log_ratio)
+                                                  _LOWER_TAIL_MASS, _READ_BLOCK, _WRAP_NATS, _Z,
+                                                  _log_ratio)
 
 
 def _fast_size(n: int, multiple: int = 1) -> int:
@@ -69,8 +70,6 @@ def _host_window(lam, k_total, tail_mass):
   return float(np.min(low)), float(np.max(high))
 
 
-_WRAP_NATS = 16.0   # the wrapped mass a window sized for δ aims at: e^{−16} δ (about 1e-7 δ)
-
 
 def _tilted_width(lam, k_total, high, delta, interval):
   """The window width W (in loss units) that reading ε at each ``delta`` needs, the widest over
@@ -89,7 +88,9 @@ def _tilted_width(lam, k_total, high, delta, interval):
     e^{K(ν) − ν(ε' + W)}), with ε' = Q − 4/λ* standing for ε (ε ≤ Q, and within a few 1/λ*
     of it).
 
-  At most the untilted width (the caller's). A width only changes how tight ε is, never its
+  At most the untilted width (the caller's); where that is narrower than this, the graph
+  lowers the tilt until the wrapped mass is again below e^{−c}·δ (:func:`jaxrdp.accounting.pld.\
+convolution._tilt_order`). A width only changes how tight ε is, never its
   soundness: where ε lies above the window's start, what wraps onto the window only adds
   mass, and ε(δ) is read as the start otherwise (a valid bound; see
   :func:`jaxrdp.accounting.pld.readout._epsilon_of`)."""
