@@ -281,8 +281,8 @@ def _make_step(utility, optimizer, theta0, rates, epsilon, t, by_pld):
   scaled by _PLD_MARGIN, kept while every iterate's ε is finite on them and sized again
   otherwise (the result's ε is the PLD sized from its own values: the grid only serves the
   iterations)."""
-  compiled = jax.jit(step_function(utility, optimizer, theta0, rates, epsilon),
-                     static_argnames=("pld_grid",))
+  compiled = compilation.jit(step_function(utility, optimizer, theta0, rates, epsilon),
+                             static_argnames=("pld_grid",))
 
   def unpack(shape):
     return theta0 if shape[0] is None else shape[0], rates(shape[1])
