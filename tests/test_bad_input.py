@@ -284,7 +284,10 @@ TABLE = {
              orders=real(2.0, lo=1, inf_ok=True, none_ok=True),
              design=[Bad("sigma", ValueError, "unknown design")],
              accountant=BAD_ACCOUNTANT,
-             key=[b for b in BAD_KEY if b.value is not None])),
+             key=[b for b in BAD_KEY if b.value is not None],
+             family=[Bad("linear", ValueError, "unknown family")],
+             degree=static_int(1),
+             pld_grid=[Bad(jaxrdp.pld_grid(0.01, 1.0, 100), ValueError, "with the RDP accountant")])),
     "noisy_sgd_utility": Api(
         jaxrdp.noisy_sgd_utility,
         dict(steps=[50, 50], learning_rate=0.1, l2_norm_clip=1.0, dataset_size=1000,

@@ -226,13 +226,49 @@ def _random_design_problem(seed, budgets):
   return u, q0, sigma0, steps, jnp.asarray(rng.uniform(1.0, 4.0, budgets))
 
 
-@pytest.mark.parametrize("design,seed", [("noise_multiplier", 10), ("sampling_rate", 11),
-                                         ("both", 12)])
-def test_the_design_runs_under_jit_and_spends_at_most_each_random_budget(design, seed):
+def _midpoints(steps):
+  """Each phase's midpoint step as a fraction of all steps (the families' variable)."""
+  steps = np.asarray(steps)
+  return (np.cumsum(steps) - steps / 2) / steps.sum()
+
+
+def _polynomial_residual(x, log_values, degree):
+  """The residual of the least-squares polynomial of ``degree`` through (x, log_values)."""
+  fit = np.polynomial.polynomial.Polynomial.fit(x, log_values, degree)
+  return float(np.max(np.abs(fit(x) - log_values)))
+
+
+@pytest.mark.parametrize("family,degree", [("exponential", 1), ("polynomial", 2)])
+def test_a_family_gives_schedules_of_its_form_within_the_budget(family, degree):
+  rng = np.random.default_rng(20)
+  steps = jnp.asarray(rng.integers(20, 80, 7).astype(float))
+  q0 = jnp.asarray(rng.uniform(0.02, 0.04, 7))
+  sigma0 = jnp.asarray(rng.uniform(0.8, 1.2, 7))
+  u = jaxrdp.noisy_sgd_utility(steps, 0.2, l2_norm_clip=1.0, dataset_size=2000, curvature=0.05)
+  result = jaxrdp.optimize_schedule(u, sampling_rate=q0, noise_multiplier=sigma0, steps=steps,
+                                    target_epsilon=2.0, delta=DELTA, num_iterations=30,
+                                    design="both", family=family, degree=2)
+  x = _midpoints(steps)
+  # log σ − log σ0 and log q − log q0 are polynomials of the family's degree in x: the fit of
+  # that degree is exact, that of one degree less is not.
+  for ratio in (result.noise_multiplier / sigma0, result.sampling_rate / q0):
+    assert _polynomial_residual(x, np.log(np.asarray(ratio)), degree) < 1e-12
+    assert _polynomial_residual(x, np.log(np.asarray(ratio)), degree - 1) > 1e-4
+  eps = float(jaxrdp.dpsgd_epsilon(result.sampling_rate, result.noise_multiplier, steps, DELTA))
+  assert 2.0 * (1 - 1e-9) <= eps <= 2.0
+  assert float(jnp.sum(result.sampling_rate * steps)) == pytest.approx(float(jnp.sum(q0 * steps)),
+                                                                       rel=1e-12)
+  assert float(result.utility) < 0.9 * float(result.history[0])
+
+
+@pytest.mark.parametrize("design,seed,family", [("noise_multiplier", 10, "phases"),
+                                                ("sampling_rate", 11, "polynomial"),
+                                                ("both", 12, "exponential")])
+def test_the_design_runs_under_jit_and_spends_at_most_each_random_budget(design, seed, family):
   u, q0, sigma0, steps, budgets = _random_design_problem(seed, 2)
   design_for = jax.jit(jax.vmap(lambda b: jaxrdp.optimize_schedule(
       u, sampling_rate=q0, noise_multiplier=sigma0, steps=steps, target_epsilon=b, delta=DELTA,
-      num_iterations=12, design=design)))
+      num_iterations=12, design=design, family=family)))
   results = design_for(budgets)
   assert results.history.shape == (2, 12)
   for i, target in enumerate(np.asarray(budgets)):
@@ -247,9 +283,12 @@ def test_the_design_runs_under_jit_and_spends_at_most_each_random_budget(design,
       np.testing.assert_allclose(sigma / sigma0, sigma[0] / sigma0[0], rtol=1e-12)
     # The same design as an eager call (which solves for the initial scale where the graph
     # takes five Newton steps onto the boundary).
+    if family == "exponential":   # log q − log q0 linear in the phases' midpoints
+      ratio = np.log(np.asarray(q / q0))
+      assert _polynomial_residual(_midpoints(steps), ratio, 1) < 1e-12
     eager = jaxrdp.optimize_schedule(u, sampling_rate=q0, noise_multiplier=sigma0, steps=steps,
                                      target_epsilon=float(target), delta=DELTA,
-                                     num_iterations=12, design=design)
+                                     num_iterations=12, design=design, family=family)
     np.testing.assert_allclose(sigma, eager.noise_multiplier, rtol=1e-3)
     np.testing.assert_allclose(q, eager.sampling_rate, rtol=1e-3)
     assert float(results.utility[i]) == pytest.approx(float(eager.utility), rel=1e-3)

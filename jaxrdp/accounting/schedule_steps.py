@@ -39,16 +39,49 @@ def rates_of(q0, t):
   return rates
 
 
-def step_function(utility, optimizer, theta0, rates, epsilon):
+FAMILIES = ("phases", "exponential", "polynomial")
+
+
+def parametrisation(theta0, q0, t, design, family="phases", degree=2):
+  """(initial shape, unpack): the shape optimised, a pair (for σ, for q; None where held), and
+  ``unpack(shape)`` -> (θ = log σ up to the scale, q). Per ``family``, with x_i the midpoint of
+  phase i's steps as a fraction of all steps:
+
+  * ``"phases"``: θ_i and φ_i free (φ: log q up to the count's normalisation,
+    :func:`rates_of`);
+  * ``"exponential"``: θ_i = θ0_i + a·x_i, φ_i = φ0_i + b·x_i (σ and q change by a constant
+    factor per step);
+  * ``"polynomial"``: θ_i = θ0_i + Σ_{k=1..degree} a_k x_i^k, and φ alike.
+
+  The constant term is the budget's scale (σ) or the gradient count's normalisation (q)."""
+  rates = rates_of(q0, t)
+  phi0 = jnp.log(jnp.where(t > 0, q0, 1.0))
+  if family == "phases":
+    basis = None
+  else:
+    ends = jnp.cumsum(t)
+    x = (ends - 0.5 * t) / ends[-1]
+    basis = jnp.stack([x ** k for k in range(1, (1 if family == "exponential" else degree) + 1)],
+                      axis=-1)
+  start = lambda v0: v0 if basis is None else jnp.zeros(basis.shape[-1], v0.dtype)
+  shape = (start(theta0) if design != "sampling_rate" else None,
+           start(phi0) if design != "noise_multiplier" else None)
+
+  def unpack(shape):
+    a, b = shape
+    theta = theta0 if a is None else (a if basis is None else theta0 + basis @ a)
+    phi = None if b is None else (b if basis is None else phi0 + basis @ b)
+    return theta, rates(phi)
+  return shape, unpack
+
+
+def step_function(utility, optimizer, unpack, epsilon):
   """``step(shape, u, opt_state, log_target, key, pld_grid=None, learn=True)`` ->
-  ((shape, u, opt_state, utility), whether ε was finite): one iteration on the shape (theta,
-  phi) (either None: held at ``theta0`` or at the initial q). ``epsilon`` is the budget's
+  ((shape, u, opt_state, utility), whether ε was finite): one iteration on the shape
+  (:func:`parametrisation`, whose ``unpack`` gives θ and q). ``epsilon`` is the budget's
   accountant (:func:`jaxrdp.accounting.schedules._epsilon_of`), read at the grid orders (RDP)
   or on ``pld_grid`` (PLD). ``learn`` false (a traced bool): the Newton step only, the shape
   and the optimiser's state kept."""
-  def unpack(shape):
-    return theta0 if shape[0] is None else shape[0], rates(shape[1])
-
   def log_eps(u, shape, pld_grid):
     theta, q = unpack(shape)
     return jnp.log(epsilon(q, jnp.exp(u + theta), refine=False, pld_grid=pld_grid))
@@ -100,21 +133,18 @@ def safe_scale_in_graph(theta, u_guess, q, epsilon, target, pld_grid=None):
   return jnp.where(found, u, jnp.nan), jnp.where(found, eps, jnp.nan)
 
 
-def design_in_graph(utility, optimizer, q0, theta0, t, design, epsilon, target, num_iterations,
+def design_in_graph(utility, optimizer, shape, unpack, epsilon, target, num_iterations,
                     key=None, pld_grid=None, callback=None):
   """(σ, q, ε, utility, history) of :func:`jaxrdp.optimize_schedule` as one JAX function.
 
-  From the initial shape at scale 0, WARMUP_STEPS Newton steps move the scale onto the
-  budget's boundary (the host driver solves for it instead); then ``num_iterations`` steps of
-  :func:`step_function` in a ``lax.scan`` (the same step the host driver compiles, with key
-  ``fold_in(key, i)`` at iteration i), and the safe re-scaling of the result
-  (:func:`safe_scale_in_graph`). ``callback(iteration, utility)`` is called from the graph
-  (``jax.debug.callback``) after each iteration."""
-  moves_q = design != "noise_multiplier"
-  phi = jnp.log(jnp.where(t > 0, q0, 1.0)) if moves_q else None
-  rates = rates_of(q0, t)
-  step = step_function(utility, optimizer, theta0, rates, epsilon)
-  shape = (theta0 if design != "sampling_rate" else None, phi)
+  From the initial ``shape`` (:func:`parametrisation`) at scale 0, WARMUP_STEPS Newton steps
+  move the scale onto the budget's boundary (the host driver solves for it instead); then
+  ``num_iterations`` steps of :func:`step_function` in a ``lax.scan`` (the same step the host
+  driver compiles, with key ``fold_in(key, i)`` at iteration i), and the safe re-scaling of the
+  result (:func:`safe_scale_in_graph`). ``callback(iteration, utility)`` is called from the
+  graph (``jax.debug.callback``) after each iteration."""
+  step = step_function(utility, optimizer, unpack, epsilon)
+  theta0 = unpack(shape)[0]
   dtype = theta0.dtype
   log_target = jnp.log(jnp.asarray(target, dtype))
   report = None
@@ -135,8 +165,7 @@ def design_in_graph(utility, optimizer, q0, theta0, t, design, epsilon, target, 
   iterations = jnp.arange(1 - WARMUP_STEPS, int(num_iterations) + 1)
   carry = (shape, jnp.zeros((), dtype), optimizer.init(shape))
   (shape, u, _), values = loops.scan(body, carry, iterations)
-  theta = theta0 if shape[0] is None else shape[0]
-  q = rates(shape[1])
+  theta, q = unpack(shape)
   u, eps = safe_scale_in_graph(theta, u, q, epsilon, target, pld_grid)
   sigma = jnp.exp(u + theta)
   last = None if key is None else jax.random.fold_in(key, int(num_iterations))

@@ -41,7 +41,8 @@ from jaxrdp._internal import validation
 from jaxrdp.accounting import pld
 from jaxrdp.accounting.dpsgd import dpsgd_epsilon_unchecked, order_grid, schedule_phases
 from jaxrdp.accounting.epsilon import use_pld
-from jaxrdp.accounting.schedule_steps import design_in_graph, rates_of, step_function
+from jaxrdp.accounting.schedule_steps import (FAMILIES, design_in_graph, parametrisation,
+                                              step_function)
 
 _PROJECTION_STEPS = 60   # at most this many evaluations of the final safe re-scaling
 DESIGNS = ("noise_multiplier", "sampling_rate", "both")
@@ -79,7 +80,8 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
                       callback: Callable[[int, float], None] | None = None,
                       design: str = "noise_multiplier",
                       accountant: str = "rdp", key: jax.Array | None = None,
-                      pld_grid: pld.PldGrid | None = None) -> ScheduleResult:
+                      pld_grid: pld.PldGrid | None = None, family: str = "phases",
+                      degree: int = 2) -> ScheduleResult:
   r"""The noise schedule minimising ``utility`` whose DP-SGD ε is at most ``target_epsilon``.
 
   **Changed in 1.0:** the schedule is given in :func:`jaxrdp.dpsgd_epsilon`'s order (q, σ, T)
@@ -125,6 +127,14 @@ def optimize_schedule(utility: Callable[[jax.Array, jax.Array], jax.Array], *,
       sampling_rate, key)`` with a fresh key each iteration (``jax.random.fold_in(key, i)``;
       the reported ``utility`` with the last). None (the default): ``utility`` is
       deterministic and takes two arguments.
+    family: how the shapes of σ and q (those ``design`` moves) are parametrised, with x_i the
+      midpoint of phase i's steps as a fraction of all steps (:data:`FAMILIES`):
+      ``"phases"`` (the default: each phase's log σ and log q free), ``"exponential"``
+      (log σ_i = log σ0_i + a·x_i: σ, and q, change by a constant factor per step; one
+      parameter each) or ``"polynomial"`` (log σ_i = log σ0_i + Σ_{k=1..degree} a_k x_i^k). The
+      constant term is the budget's scale (σ) or the gradient count's normalisation (q). A
+      family with many phases gives a smooth schedule of few parameters.
+    degree: the polynomial family's degree, ≥ 1 (``"exponential"`` is degree 1).
     pld_grid: with ``accountant="pld"``, the PLD's static grid sizes (:func:`jaxrdp.pld_grid`,
       made for the widest schedule the design may reach: the smallest σ, e.g. the initial
       schedule scaled to reach the budget at half its σ). Required inside ``jax.jit``; given
@@ -163,6 +173,8 @@ design_in_graph`): the same step in a ``lax.scan`` (after five Newton steps onto
   validation.check_scalar(target_epsilon=target_epsilon, delta=delta)
   num_iterations = validation.check_int("num_iterations", num_iterations, lo=0)
   validation.check_choice("design", design, DESIGNS)
+  validation.check_choice("family", family, FAMILIES)
+  degree = validation.check_int("degree", degree, lo=1)
   by_pld = use_pld(accountant, pld_grid=pld_grid, orders=orders)
   if key is not None:   # an int seed or a legacy key as a key (TypeError / ValueError else)
     raw, impl = validation.canonical_key(key)
@@ -172,7 +184,7 @@ design_in_graph`): the same step in a ``lax.scan`` (after five Newton steps onto
   if in_graph:
     return _optimize_in_graph(utility, sampling_rate, noise_multiplier, steps, target_epsilon,
                               delta, optimizer, num_iterations, orders, callback, design,
-                              by_pld, key, pld_grid)
+                              by_pld, key, pld_grid, family, degree)
   q, sigma0, t = schedule_phases(sampling_rate, noise_multiplier, steps)
   _check_schedule(q, t, design)
   dtype = q.dtype
@@ -185,15 +197,11 @@ design_in_graph`): the same step in a ``lax.scan`` (after five Newton steps onto
   import optax   # here, not at import: an accounting query does not pay for importing optax
   optimizer = optax.adam(0.05) if optimizer is None else optimizer
 
-  theta = jnp.log(sigma0)
-  moves_q = design != "noise_multiplier"
-  # phi: log q up to a constant (the expected gradient count Q fixes it); None: q held.
-  phi = jnp.log(jnp.where(t > 0, q, 1.0)) if moves_q else None
-  rates = rates_of(q, t)
+  shape, unpack = parametrisation(jnp.log(sigma0), q, t, design, family, degree)
   # Start on the boundary: solve for the scale of the initial shape exactly.
-  u = _safe_scale(theta, jnp.zeros((), dtype), rates(phi), epsilon, target_epsilon, t, by_pld)
-  shape = (theta if design != "sampling_rate" else None, phi)
-  step = _make_step(utility, optimizer, theta, rates, epsilon, t, by_pld)
+  theta, q = unpack(shape)
+  u = _safe_scale(theta, jnp.zeros((), dtype), q, epsilon, target_epsilon, t, by_pld)
+  step = _make_step(utility, optimizer, unpack, epsilon, t, by_pld)
   opt_state = optimizer.init(shape)
   history = []
   for iteration in range(1, int(num_iterations) + 1):
@@ -202,8 +210,7 @@ design_in_graph`): the same step in a ``lax.scan`` (after five Newton steps onto
     history.append(float(value))
     if callback is not None:
       callback(iteration, history[-1])
-  theta = theta if shape[0] is None else shape[0]
-  q = rates(shape[1])
+  theta, q = unpack(shape)
   u = _safe_scale(theta, u, q, epsilon, target_epsilon, t, by_pld)
   sigma = jnp.exp(u + theta)
   eps = epsilon(q, sigma)
@@ -229,7 +236,8 @@ def _check_schedule(q, t, design):
 
 
 def _optimize_in_graph(utility, sampling_rate, noise_multiplier, steps, target, delta, optimizer,
-                       num_iterations, orders, callback, design, by_pld, key, pld_grid):
+                       num_iterations, orders, callback, design, by_pld, key, pld_grid, family,
+                       degree):
   """:func:`optimize_schedule` as one JAX function (:func:`schedule_steps.design_in_graph`):
   the arguments are checked (eagerly, where known), invalid values give NaN."""
   if by_pld:
@@ -254,9 +262,10 @@ def _optimize_in_graph(utility, sampling_rate, noise_multiplier, steps, target, 
   import optax   # here, not at import: an accounting query does not pay for importing optax
   optimizer = optax.adam(0.05) if optimizer is None else optimizer
   target = jnp.asarray(target, dtype)
+  shape, unpack = parametrisation(jnp.log(sigma0), q, t, design, family, degree)
   sigma, q, eps, final, history = design_in_graph(
-      utility, optimizer, q, jnp.log(sigma0), t, design, _epsilon_of(by_pld, t, delta, grid),
-      target, num_iterations, key=key, pld_grid=pld_grid, callback=callback)
+      utility, optimizer, shape, unpack, _epsilon_of(by_pld, t, delta, grid), target,
+      num_iterations, key=key, pld_grid=pld_grid, callback=callback)
   return ScheduleResult(*validation.nan_where_invalid(valid, (sigma, q, t, eps, final, history)))
 
 
@@ -275,17 +284,13 @@ def _epsilon_of(by_pld, t, delta, grid):
 _PLD_MARGIN = 0.8   # the iterations' PLD grid is sized for σ this many times the iterate's
 
 
-def _make_step(utility, optimizer, theta0, rates, epsilon, t, by_pld):
-  """One iteration on the shape (theta, phi) (:func:`schedule_steps.step_function`) as one
-  compiled program. With the PLD its grid's static sizes are those of the iterate with σ
-  scaled by _PLD_MARGIN, kept while every iterate's ε is finite on them and sized again
-  otherwise (the result's ε is the PLD sized from its own values: the grid only serves the
-  iterations)."""
-  compiled = compilation.jit(step_function(utility, optimizer, theta0, rates, epsilon),
+def _make_step(utility, optimizer, unpack, epsilon, t, by_pld):
+  """One iteration on the shape (:func:`schedule_steps.step_function`) as one compiled
+  program. With the PLD its grid's static sizes are those of the iterate with σ scaled by
+  _PLD_MARGIN, kept while every iterate's ε is finite on them and sized again otherwise (the
+  result's ε is the PLD sized from its own values: the grid only serves the iterations)."""
+  compiled = compilation.jit(step_function(utility, optimizer, unpack, epsilon),
                              static_argnames=("pld_grid",))
-
-  def unpack(shape):
-    return theta0 if shape[0] is None else shape[0], rates(shape[1])
 
   if not by_pld:
     return lambda *args: compiled(*args)[0]
