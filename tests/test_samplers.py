@@ -430,3 +430,36 @@ def test_cli_sweep_names_bad_sampler_flags(argv, message, capsys, tmp_path, monk
   assert info.value.code == 2
   err = capsys.readouterr().err
   assert err.startswith("jaxrdp: error: ") and message in err, err
+
+
+# Orders above fixed_epsilon's first stage (256): their terms are computed only where the
+# bound from the orders up to 256 leaves them in play.
+LARGE_ORDERS = np.concatenate([ORDERS, [320.0, 512.0, 1024.0, 2048.0]])
+
+
+def test_fixed_batches_with_orders_above_256_bounded_out_equal_dp_accounting():
+  n, b, sigma, steps, delta = FIXED_CASES[0]   # the best order is below 256
+  expected = _dp_accounting(
+      [(dp_event.SampledWithoutReplacementDpEvent(n, b, dp_event.GaussianDpEvent(sigma / 2)),
+        steps)], delta, LARGE_ORDERS)
+  eps = jaxrdp.dpsgd_epsilon(b / n, sigma, steps, delta, orders=LARGE_ORDERS, sampling="fixed")
+  assert float(eps) == pytest.approx(expected, rel=1e-9)
+
+
+def test_fixed_batches_with_the_best_order_above_256_are_the_exact_curves_minimum():
+  # q = 1e-3, σ = 20, 100 steps: the best order is 1024. Above order 256 dp_accounting uses a
+  # looser bound than Theorem 27's exact sum (here 4.4e-5 against 6.5e-6 per step at order
+  # 320), so its ε is larger; ours is the minimum over the grid of the exact per-step curve
+  # (tested against mpmath in test_without_replacement.py), composed and converted.
+  q, sigma, steps, delta = 1e-3, 20.0, 100.0, 1e-5
+  per_step = jaxrdp.rdp_sampled_gaussian_without_replacement(q, sigma / 2, LARGE_ORDERS,
+                                                             max_order=2048)
+  expected, order = jaxrdp.compute_epsilon(LARGE_ORDERS, steps * per_step, delta)
+  assert float(order) > 256
+  eps = jaxrdp.dpsgd_epsilon(q, sigma, steps, delta, orders=LARGE_ORDERS, sampling="fixed")
+  assert float(eps) == pytest.approx(float(expected), rel=1e-12)
+  n = 100_000
+  looser = _dp_accounting(
+      [(dp_event.SampledWithoutReplacementDpEvent(n, int(q * n), dp_event.GaussianDpEvent(sigma / 2)),
+        int(steps))], delta, LARGE_ORDERS)
+  assert float(eps) <= looser

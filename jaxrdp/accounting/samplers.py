@@ -40,6 +40,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 
 from jaxrdp._internal import compilation
@@ -127,13 +128,36 @@ def fixed_rdp(q, sigma, t, orders, n_max):
   return jnp.sum(jnp.where(t[:, None] == 0, 0.0, t[:, None] * per_step), axis=0)
 
 
+_SMALL_ORDERS = 256   # fixed_epsilon evaluates orders up to this first
+
+
 @compilation.jit(static_argnames=("n_max", "method"))
 def fixed_epsilon(q, sigma, t, delta, orders, n_max, method="improved"):
   """ε of fixed-size batches: the best of ``orders`` under the conversion ``method``
   (:func:`jaxrdp.compute_epsilon`'s). Between integer orders the bound is Corollary 10's
-  interpolation, so the order is not refined beyond the grid."""
-  eps = epsilon_at_orders(orders, fixed_rdp(q, sigma, t, orders, n_max), delta, method)
-  return jnp.min(jnp.where(jnp.isnan(eps), jnp.inf, eps))
+  interpolation, so the order is not refined beyond the grid.
+
+  The orders up to _SMALL_ORDERS first (their terms cost a sixteenth of those up to 4096, per
+  phase: most of a long schedule's time). The composed bound is non-decreasing in α (checked
+  on q ∈ [1e-4, 0.9], σ ∈ [0.3, 20], every integer order to 4096), so the largest of those
+  values bounds every larger order's from below, and with it their ε; the larger orders are
+  evaluated (a ``lax.cond``) only where that bound is below the best ε found. Either way the
+  result is ε at an evaluated order, so it is a valid bound even if the bound were not
+  monotone somewhere (it could then only be larger than the best over every order)."""
+  orders = jnp.asarray(orders)
+  eps_of = lambda rdp: jnp.where(jnp.isnan(e := epsilon_at_orders(orders, rdp, delta, method)),
+                                 jnp.inf, e)
+  if n_max <= _SMALL_ORDERS:
+    return jnp.min(eps_of(fixed_rdp(q, sigma, t, orders, n_max)))
+  small = fixed_rdp(q, sigma, t, orders, _SMALL_ORDERS)   # +inf above _SMALL_ORDERS
+  best = jnp.min(eps_of(small))
+  covered = jnp.isfinite(orders) & (orders <= _SMALL_ORDERS)
+  floor = jnp.max(jnp.where(covered & ~jnp.isnan(small), small, 0.0)) * (1 - 1e-12)
+  larger = jnp.isfinite(orders) & (orders > _SMALL_ORDERS) & (orders <= n_max)
+  bound = jnp.min(jnp.where(larger, eps_of(jnp.full_like(orders, floor)), jnp.inf))
+  return lax.cond(bound < best,
+                  lambda: jnp.minimum(best, jnp.min(eps_of(fixed_rdp(q, sigma, t, orders, n_max)))),
+                  lambda: best)
 
 
 def max_order(orders) -> int:
