@@ -8,7 +8,10 @@ The schedule: 60 epochs of n = 60,000 examples in batches of B = 256 (q = B/n, 1
   ``SampledWithoutReplacementDpEvent(n, B, GaussianDpEvent(σ/2))`` T times, then
   ``get_epsilon(δ)`` (a new accountant per call: what a user's query does);
 * shuffled batches: ``sampling="shuffle", dataset_size=n`` with ``refine_order=False`` against
-  ``GaussianDpEvent(σ/2)`` composed once per epoch (61: 14,063 steps of ⌊n/B⌋ = 234).
+  ``GaussianDpEvent(σ/2)`` composed once per epoch (61: 14,063 steps of ⌊n/B⌋ = 234);
+* fixed-size batches with a different σ in each of 1,000 phases of 14 steps (σ uniform in
+  [0.8, 2], seed 0): each phase's event composed by dp_accounting (one call of the anchor
+  there: about six minutes on 2 cores).
 
 Reported: jaxrdp's first call in a fresh process (imports excluded; no compilation cache),
 the medians of ``--repeats`` warm calls of both in this process, their ratio (``RATIO``:
@@ -48,26 +51,40 @@ ORDERS = [float(a) for a in dpa.RdpAccountant()._orders]   # dp_accounting's def
 CASES = {
     "fixed": dict(sampling="fixed"),
     "shuffle": dict(sampling="shuffle", dataset_size=N, refine_order=False),
+    "fixed_1000_phases": dict(sampling="fixed"),
 }
+PHASE_SIGMAS = np.random.default_rng(0).uniform(0.8, 2.0, 1000)   # fixed_1000_phases
+PHASE_STEPS = 14
+
+
+def _schedule(name):
+  """(q, σ, T) of a case: one phase, or fixed_1000_phases' 1,000."""
+  if name == "fixed_1000_phases":
+    return (np.full(PHASE_SIGMAS.size, B / N), PHASE_SIGMAS,
+            np.full(PHASE_SIGMAS.size, float(PHASE_STEPS)))
+  return B / N, SIGMA, STEPS
 
 _FIRST = """
 import time, jax
 jax.config.update("jax_enable_x64", True)
 import jaxrdp
+import numpy as np
 orders = {orders!r}
+q, sigma, steps = (np.asarray(v) for v in ({q!r}, {sigma!r}, {steps!r}))
 t0 = time.perf_counter()
-float(jaxrdp.dpsgd_epsilon({q!r}, {sigma!r}, {steps!r}, {delta!r}, orders=orders, **{kwargs!r}))
+float(jaxrdp.dpsgd_epsilon(q, sigma, steps, {delta!r}, orders=orders, **{kwargs!r}))
 print(time.perf_counter() - t0)
 """
 
 
-def _first_call(kwargs) -> float:
+def _first_call(name, kwargs) -> float:
   """jaxrdp's first call in a fresh process, without any compilation cache."""
   with tempfile.TemporaryDirectory() as home:
     env = dict(os.environ, HOME=home, XDG_CACHE_HOME=home, JAXRDP_CACHE_DIR="",
                JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
-    code = _FIRST.format(orders=ORDERS, q=B / N, sigma=SIGMA, steps=STEPS, delta=DELTA,
+    q, sigma, steps = (np.asarray(v).tolist() for v in _schedule(name))
+    code = _FIRST.format(orders=ORDERS, q=q, sigma=sigma, steps=steps, delta=DELTA,
                          kwargs=kwargs)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True)
@@ -80,6 +97,10 @@ def _dp_accounting(name) -> float:
   if name == "fixed":
     accountant.compose(dp_event.SampledWithoutReplacementDpEvent(
         N, B, dp_event.GaussianDpEvent(SIGMA / 2)), STEPS)
+  elif name == "fixed_1000_phases":
+    for sigma in PHASE_SIGMAS:
+      accountant.compose(dp_event.SampledWithoutReplacementDpEvent(
+          N, B, dp_event.GaussianDpEvent(float(sigma) / 2)), PHASE_STEPS)
   else:
     accountant.compose(dp_event.GaussianDpEvent(SIGMA / 2), -(-STEPS // (N // B)))
   return accountant.get_epsilon(DELTA)
@@ -102,11 +123,13 @@ def main(argv=None) -> dict:
   figures = {"dataset_size": N, "batch_size": B, "noise_multiplier": SIGMA, "delta": DELTA,
              "steps": STEPS, "orders": len(ORDERS), "cases": {}}
   for name, kwargs in CASES.items():
-    first = _first_call(kwargs)
-    ours = lambda: float(jaxrdp.dpsgd_epsilon(B / N, SIGMA, STEPS, DELTA, orders=ORDERS, **kwargs))
+    first = _first_call(name, kwargs)
+    q, sigma, steps = _schedule(name)
+    ours = lambda: float(jaxrdp.dpsgd_epsilon(q, sigma, steps, DELTA, orders=ORDERS, **kwargs))
     ours()
     warm, eps = _median_time(ours, args.repeats)
-    anchor, eps_anchor = _median_time(lambda: _dp_accounting(name), args.repeats)
+    anchor_repeats = 1 if name == "fixed_1000_phases" else args.repeats
+    anchor, eps_anchor = _median_time(lambda: _dp_accounting(name), anchor_repeats)
     row = {"first_s": first, "warm_s": warm, "dp_accounting_s": anchor, "ratio": anchor / warm,
            "epsilon": eps, "epsilon_dp_accounting": eps_anchor,
            "relative_difference": abs(eps - eps_anchor) / eps_anchor}

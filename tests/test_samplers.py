@@ -432,18 +432,24 @@ def test_cli_sweep_names_bad_sampler_flags(argv, message, capsys, tmp_path, monk
   assert err.startswith("jaxrdp: error: ") and message in err, err
 
 
-# Orders above fixed_epsilon's first stage (256): their terms are computed only where the
-# bound from the orders up to 256 leaves them in play.
+# Orders above fixed_epsilon's first stage (256): for schedules of more than 16 phases their
+# terms are computed only where the bound from the orders up to 256 leaves them in play. The
+# schedules below are one phase cut into 20 equal ones (the same composition).
 LARGE_ORDERS = np.concatenate([ORDERS, [320.0, 512.0, 1024.0, 2048.0]])
 
 
+def _in_phases(steps, count=20):
+  return np.full(count, steps / count)
+
+
 def test_fixed_batches_with_orders_above_256_bounded_out_equal_dp_accounting():
-  n, b, sigma, steps, delta = FIXED_CASES[0]   # the best order is below 256
+  n, b, sigma, steps, delta = 60_000, 256, 1.0, 14_060, 1e-5   # the best order is below 256
   expected = _dp_accounting(
       [(dp_event.SampledWithoutReplacementDpEvent(n, b, dp_event.GaussianDpEvent(sigma / 2)),
         steps)], delta, LARGE_ORDERS)
-  eps = jaxrdp.dpsgd_epsilon(b / n, sigma, steps, delta, orders=LARGE_ORDERS, sampling="fixed")
-  assert float(eps) == pytest.approx(expected, rel=1e-9)
+  for t in (steps, _in_phases(steps)):
+    eps = jaxrdp.dpsgd_epsilon(b / n, sigma, t, delta, orders=LARGE_ORDERS, sampling="fixed")
+    assert float(eps) == pytest.approx(expected, rel=1e-9)
 
 
 def test_fixed_batches_with_the_best_order_above_256_are_the_exact_curves_minimum():
@@ -456,8 +462,9 @@ def test_fixed_batches_with_the_best_order_above_256_are_the_exact_curves_minimu
                                                              max_order=2048)
   expected, order = jaxrdp.compute_epsilon(LARGE_ORDERS, steps * per_step, delta)
   assert float(order) > 256
-  eps = jaxrdp.dpsgd_epsilon(q, sigma, steps, delta, orders=LARGE_ORDERS, sampling="fixed")
-  assert float(eps) == pytest.approx(float(expected), rel=1e-12)
+  for t in (steps, _in_phases(steps)):
+    eps = jaxrdp.dpsgd_epsilon(q, sigma, t, delta, orders=LARGE_ORDERS, sampling="fixed")
+    assert float(eps) == pytest.approx(float(expected), rel=1e-12)
   n = 100_000
   looser = _dp_accounting(
       [(dp_event.SampledWithoutReplacementDpEvent(n, int(q * n), dp_event.GaussianDpEvent(sigma / 2)),

@@ -402,7 +402,9 @@ def sweep(r: dict) -> str:
 def samplers(r: dict) -> str:
   f = r["figures"]
   names = {"fixed": "fixed-size batches (`sampling=\"fixed\"`)",
-           "shuffle": "shuffled batches (`sampling=\"shuffle\"`)"}
+           "shuffle": "shuffled batches (`sampling=\"shuffle\"`)",
+           "fixed_1000_phases": "fixed-size batches, a different σ in each of 1,000 phases of 14 "
+                                "steps"}
   rows = [[names[k], _t(c["first_s"]), _t(c["warm_s"]), _t(c["dp_accounting_s"]), _x(c["ratio"]),
            f"{c['relative_difference']:.0e}"] for k, c in f["cases"].items()]
   return (f"ε of {_n(f['steps'])} steps over n = {_n(f['dataset_size'])} examples in batches of "

@@ -128,7 +128,8 @@ def fixed_rdp(q, sigma, t, orders, n_max):
   return jnp.sum(jnp.where(t[:, None] == 0, 0.0, t[:, None] * per_step), axis=0)
 
 
-_SMALL_ORDERS = 256   # fixed_epsilon evaluates orders up to this first
+_SMALL_ORDERS = 256   # fixed_epsilon evaluates orders up to this first ...
+_FEW_PHASES = 16      # ... for schedules of more phases than this (fewer: every order at once)
 
 
 @compilation.jit(static_argnames=("n_max", "method"))
@@ -137,8 +138,10 @@ def fixed_epsilon(q, sigma, t, delta, orders, n_max, method="improved"):
   (:func:`jaxrdp.compute_epsilon`'s). Between integer orders the bound is Corollary 10's
   interpolation, so the order is not refined beyond the grid.
 
-  The orders up to _SMALL_ORDERS first (their terms cost a sixteenth of those up to 4096, per
-  phase: most of a long schedule's time). The composed bound is non-decreasing in α (checked
+  Schedules of more than _FEW_PHASES phases take the orders up to _SMALL_ORDERS first (their
+  terms cost a sixteenth of those up to 4096, per phase: most of a long schedule's time; with
+  fewer phases the second kernel's compilation would cost more than it saves). The composed
+  bound is non-decreasing in α (checked
   on q ∈ [1e-4, 0.9], σ ∈ [0.3, 20], every integer order to 4096), so the largest of those
   values bounds every larger order's from below, and with it their ε; the larger orders are
   evaluated (a ``lax.cond``) only where that bound is below the best ε found. Either way the
@@ -147,7 +150,7 @@ def fixed_epsilon(q, sigma, t, delta, orders, n_max, method="improved"):
   orders = jnp.asarray(orders)
   eps_of = lambda rdp: jnp.where(jnp.isnan(e := epsilon_at_orders(orders, rdp, delta, method)),
                                  jnp.inf, e)
-  if n_max <= _SMALL_ORDERS:
+  if n_max <= _SMALL_ORDERS or q.shape[0] <= _FEW_PHASES:
     return jnp.min(eps_of(fixed_rdp(q, sigma, t, orders, n_max)))
   small = fixed_rdp(q, sigma, t, orders, _SMALL_ORDERS)   # +inf above _SMALL_ORDERS
   best = jnp.min(eps_of(small))
