@@ -21,6 +21,7 @@ import numpy as np
 from jaxrdp._internal import loops
 from jaxrdp.accounting.roots import _safe_boundary
 
+FAMILIES = ("phases", "exponential", "polynomial")   # the shapes' forms (:func:`parametrisation`)
 WARMUP_STEPS = 5   # Newton steps onto the boundary before the first optimiser step (in a graph)
 _SCALE_RANGE = 40.0   # the safe scale is searched for in [-40, 40] (σ within e^±40 of the shape)
 
@@ -37,9 +38,6 @@ def rates_of(q0, t):
     w = jnp.exp(phi - jnp.max(phi))
     return jnp.minimum(count * w / jnp.sum(t * w), 1.0)
   return rates
-
-
-FAMILIES = ("phases", "exponential", "polynomial")
 
 
 def parametrisation(theta0, q0, t, design, family="phases", degree=2):
