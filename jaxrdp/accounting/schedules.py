@@ -289,8 +289,11 @@ def _make_step(utility, optimizer, unpack, epsilon, t, by_pld):
   program. With the PLD its grid's static sizes are those of the iterate with σ scaled by
   _PLD_MARGIN, kept while every iterate's ε is finite on them and sized again otherwise (the
   result's ε is the PLD sized from its own values: the grid only serves the iterations)."""
-  compiled = compilation.jit(step_function(utility, optimizer, unpack, epsilon),
-                             static_argnames=("pld_grid",))
+  # A plain jax.jit, XLA's default options: the step holds the user's utility, whose cost
+  # jaxrdp cannot know (a training run differentiated through compiles a little faster with
+  # the dispatch layer's options and runs many times slower).
+  compiled = jax.jit(step_function(utility, optimizer, unpack, epsilon),
+                     static_argnames=("pld_grid",))
 
   if not by_pld:
     return lambda *args: compiled(*args)[0]
