@@ -113,6 +113,9 @@ def write(args: argparse.Namespace, figures: dict) -> pathlib.Path | None:
   path = pathlib.Path(path)
   options = {k: v for k, v in vars(args).items() if k not in ("json", "save")}
   record = {"benchmark": name, **metadata(), "options": options, "figures": figures}
+  if "backend" not in record["machine"] and figures.get("platform") not in (None, "cpu"):
+    # JAX ran in child processes (fresh-process benchmarks): their backend and device.
+    record["machine"].update(backend=figures["platform"], device_kind=figures.get("device_kind"))
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(json.dumps(_clean(record), indent=1, ensure_ascii=False) + "\n",
                   encoding="utf-8")

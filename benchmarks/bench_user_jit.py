@@ -84,7 +84,7 @@ for _ in range(5):
   s = time.perf_counter()
   jax.block_until_ready(f(*args))
   warm.append(time.perf_counter() - s)
-out = {"first": t1 - t0, "warm": sorted(warm)[2],
+out = {"first": t1 - t0, "warm": sorted(warm)[2], "device_kind": jax.devices()[0].device_kind,
        "value": [float(v) for v in jnp.ravel(jnp.asarray(jax.tree_util.tree_leaves(value)[0]))[:2]]}
 if %(anchor)r:
   import dp_accounting
@@ -150,7 +150,7 @@ def main() -> None:
                       help="processes (of --repeats) that also run dp_accounting's composition")
   _results.add_options(parser)
   args = parser.parse_args()
-  cases = {}
+  cases, device_kind = {}, None
   names = list(_CASES) if args.only is None else args.only.split(",")
   for name in names:
     anchor = name == "jit_epsilon_10k" and not args.no_anchor and args.anchor_repeats > 0
@@ -159,6 +159,7 @@ def main() -> None:
                  args.platform)
             for i in range(args.repeats)]
     first = statistics.median(r["first"] for r in runs)
+    device_kind = runs[0]["device_kind"]
     warm = statistics.median(r["warm"] for r in runs)
     line = f"{name}: first call {first:.2f} s, warm {1e3 * warm:.2f} ms, value {runs[0]['value']}"
     if anchor:
@@ -184,7 +185,7 @@ def main() -> None:
     if goal_warm is not None:
       print(f"GOAL {name} warm = {1e3 * warm:.1f} ms (goal <= {1e3 * goal_warm:.0f} ms): "
             f"{'met' if warm <= goal_warm else 'NOT met'}")
-  _results.write(args, {"cases": cases})
+  _results.write(args, {"cases": cases, "platform": args.platform, "device_kind": device_kind})
 
 
 if __name__ == "__main__":

@@ -4,15 +4,18 @@
 # Each step has its own time limit and the whole run stops starting new steps after DEADLINE
 # seconds (default 420), most important first; everything printed also goes to LOGFILE, and each
 # benchmark's figures to $RESULTS/<name>.json (default benchmarks/results/gpu). Then
-# `python tools/performance_page.py` puts them on the page (its GPU section).
+# `python tools/performance_page.py` puts them on the page (its GPU section). STEPS (a
+# comma-separated list of the step names below) runs those only, in this order.
 set -u
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 LOG=${1:-gpu.log}
 DEADLINE=${DEADLINE:-420}
 PY=${PYTHON:-python3}
 R=${RESULTS:-benchmarks/results/gpu}
-step() {  # step LIMIT_S command...
-  local limit=$1; shift
+STEPS=${STEPS:-all}
+step() {  # step NAME LIMIT_S command...
+  local name=$1 limit=$2; shift 2
+  [[ $STEPS == all || ,$STEPS, == *,$name,* ]] || return 0
   if (( SECONDS + 10 > DEADLINE )); then echo "== skipped (deadline): $*" | tee -a "$LOG"; return; fi
   (( limit > DEADLINE - SECONDS )) && limit=$(( DEADLINE - SECONDS ))
   echo "== [$SECONDS s] $* (limit ${limit} s)" | tee -a "$LOG"
@@ -24,13 +27,16 @@ FIRST='import time; t = time.perf_counter(); import jax; jax.config.update("jax_
 import jaxrdp; e = float(jaxrdp.dpsgd_epsilon(0.01, 1.1, 10_000, 1e-5)); t1 = time.perf_counter()
 g = float(jax.grad(lambda s: jaxrdp.dpsgd_epsilon(0.01, s, 10_000, 1e-5))(1.1))
 print(f"fresh process on {jax.devices()[0]}: dpsgd_epsilon {e:.6f} after {t1 - t:.2f} s, grad {g:.6f} after {time.perf_counter() - t1:.2f} s more")'
-step 60 "$PY" -c "$FIRST"
-step 90 "$PY" benchmarks/bench_gpu.py --repeats 3 --budget 2 --json "$R/bench_gpu.json"
-step 60 "$PY" benchmarks/bench_sweep.py --size 1000000 --json "$R/bench_sweep_1e6_float32.json"
-step 60 "$PY" benchmarks/bench_sweep.py --size 1000000 --float64 --json "$R/bench_sweep_1e6_float64.json"
-step 90 "$PY" benchmarks/bench_sweep.py --size 100000000 --json "$R/bench_sweep_1e8_float32.json"
-step 60 "$PY" benchmarks/bench_rdp_curve.py --pairs 2000 --subset 20 --repeats 5 --json "$R/bench_rdp_curve_float64.json"
-step 90 "$PY" benchmarks/bench_pld.py --repeats 3 --skip-first-call --skip-phased --json "$R/bench_pld.json"
-step 120 "$PY" benchmarks/bench_sweep.py --size 100000000 --float64 --json "$R/bench_sweep_1e8_float64.json"
-step 60 "$PY" benchmarks/bench_rdp_curve.py --pairs 2000 --subset 20 --repeats 5 --float32 --json "$R/bench_rdp_curve_float32.json"
+step first 60 "$PY" -c "$FIRST"
+step user_jit 240 "$PY" benchmarks/bench_user_jit.py --platform cuda --repeats 1 --anchor-subset 200 --json "$R/bench_user_jit.json"
+step sweep_output_1e8 150 "$PY" benchmarks/bench_sweep_output.py --platform cuda --size 100000000 --repeats 1 --json "$R/bench_sweep_output_1e8.json"
+step sweep_output_1e9 240 "$PY" benchmarks/bench_sweep_output.py --platform cuda --size 1000000000 --forms output --repeats 1 --json "$R/bench_sweep_output_1e9.json"
+step gpu 90 "$PY" benchmarks/bench_gpu.py --repeats 3 --budget 2 --json "$R/bench_gpu.json"
+step sweep_1e6_f32 60 "$PY" benchmarks/bench_sweep.py --size 1000000 --json "$R/bench_sweep_1e6_float32.json"
+step sweep_1e6_f64 60 "$PY" benchmarks/bench_sweep.py --size 1000000 --float64 --json "$R/bench_sweep_1e6_float64.json"
+step sweep_1e8_f32 90 "$PY" benchmarks/bench_sweep.py --size 100000000 --json "$R/bench_sweep_1e8_float32.json"
+step rdp_curve_f64 60 "$PY" benchmarks/bench_rdp_curve.py --pairs 2000 --subset 20 --repeats 5 --json "$R/bench_rdp_curve_float64.json"
+step pld 90 "$PY" benchmarks/bench_pld.py --repeats 3 --skip-first-call --skip-phased --json "$R/bench_pld.json"
+step sweep_1e8_f64 120 "$PY" benchmarks/bench_sweep.py --size 100000000 --float64 --json "$R/bench_sweep_1e8_float64.json"
+step rdp_curve_f32 60 "$PY" benchmarks/bench_rdp_curve.py --pairs 2000 --subset 20 --repeats 5 --float32 --json "$R/bench_rdp_curve_float32.json"
 echo "== done after $SECONDS s" | tee -a "$LOG"

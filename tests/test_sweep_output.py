@@ -65,6 +65,29 @@ _KILLED_WHILE_WRITING = textwrap.dedent("""
     """ % CHUNK)
 
 
+def test_parallel_part_writers_write_the_same_files_and_raise_their_errors(tmp_path):
+  # PartWriter with several threads (one per four cores on a large host): the same bytes as
+  # one thread, whatever order the parts finish in; a failed part is raised by close().
+  rng = np.random.default_rng(3)
+  n_pairs, n_combos = AXES[0].size * AXES[1].size, AXES[2].size * AXES[3].size
+  eps = rng.uniform(0.0, 10.0, (n_pairs, n_combos))
+  chunks = np.array_split(np.arange(n_pairs), 7)
+  for workers in (1, 3):
+    out = tmp_path / f"w{workers}"
+    out.mkdir()
+    writer = sweep_output.PartWriter(out, AXES, workers=workers)
+    for i, pairs in enumerate(chunks):
+      writer.submit(i, pairs, eps[pairs].copy())
+    writer.close()
+  assert _files(tmp_path / "w1") == _files(tmp_path / "w3")
+  table = pq.read_table(tmp_path / "w3" / "part-000004.parquet")
+  np.testing.assert_array_equal(table["epsilon"].to_numpy(), eps[chunks[4]].ravel())
+  bad = sweep_output.PartWriter(tmp_path / "missing", AXES, workers=3)
+  bad.submit(0, chunks[0], eps[chunks[0]])
+  with pytest.raises(OSError):
+    bad.close()
+
+
 def test_written_counts_the_pairs_of_the_parts_on_disk(tmp_path):
   # How process 0 reads a multi-process sweep's progress: from the parts in the directory.
   out = tmp_path / "grid.parquet"
