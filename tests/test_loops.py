@@ -237,3 +237,22 @@ def test_batched_as_batches_a_loop_body_in_one_pass():
   np.testing.assert_array_equal(once, plain)
   np.testing.assert_array_equal(once, 14 * xs)
   assert float(run(1.0, (jnp.ones(()),))) == 14.0   # nothing batched: unchanged
+
+
+def test_any_lane_keeps_an_optional_branch_a_cond_under_vmap():
+  # A batched predicate turns lax.cond into a select that runs both branches in every lane;
+  # loops.any_lane makes it one scalar (any lane's), so the branch runs only where some lane
+  # asks, for the whole batch.
+  def f(x):
+    return jax.lax.cond(loops.any_lane(x > 1.0), lambda v: jnp.sin(v) * 2.0, lambda v: v, x)
+  jaxpr = jax.make_jaxpr(jax.vmap(f))(jnp.array([0.5, 0.7]))
+  names = _primitives(jaxpr.jaxpr)
+  assert "cond" in names and "select_n" not in names and "reduce_or" in names
+  np.testing.assert_array_equal(jax.vmap(f)(jnp.array([0.5, 0.7])), [0.5, 0.7])
+  # One lane asks: the branch runs in both (the caller's branch must suit every lane).
+  np.testing.assert_allclose(jax.vmap(f)(jnp.array([0.5, 2.0])), 2.0 * np.sin([0.5, 2.0]))
+  assert float(f(2.0)) == float(2.0 * jnp.sin(2.0)) and float(f(0.5)) == 0.5
+  # Differentiable (a cond), nested vmaps reduce at each level.
+  np.testing.assert_allclose(jax.vmap(jax.grad(f))(jnp.array([0.5, 0.7])), [1.0, 1.0])
+  nested = jax.vmap(jax.vmap(f))(jnp.array([[0.5, 0.7], [0.2, 3.0]]))
+  np.testing.assert_allclose(nested, [[0.5, 0.7], 2.0 * np.sin([0.2, 3.0])])

@@ -71,3 +71,20 @@ def scan(f, init, xs=None, length=None):
 def map(f, xs, batch_size=None):  # noqa: A001 - lax.map's name
   """:func:`jax.lax.map`, a loop also inside an entry point's trace."""
   return _loop(lambda g: lax.map(g, xs, batch_size=batch_size), f)
+
+
+@jax.custom_batching.custom_vmap
+def any_lane(flag):
+  """``flag`` (a boolean scalar); under :func:`jax.vmap`, whether it holds in any lane, unbatched.
+
+  For a ``lax.cond`` whose true branch is optional work: with a batched predicate ``vmap``
+  turns the cond into a select that runs both branches in every lane; with this one the
+  branch runs, for the whole batch, only where some lane asks for it (the caller's true branch
+  must then give every lane a valid result, asked or not)."""
+  return flag
+
+
+@any_lane.def_vmap
+def _any_lane_batched(axis_size, in_batched, flag):
+  del axis_size
+  return (jnp.any(flag) if in_batched[0] else flag), False

@@ -89,8 +89,9 @@ def _tilted_width(lam, k_total, high, delta, interval):
     of it).
 
   At most the untilted width (the caller's); where that is narrower than this, the graph
-  lowers the tilt until the wrapped mass is again below e^{−c}·δ (:func:`jaxrdp.accounting.pld.\
-convolution._tilt_order`). A width only changes how tight ε is, never its
+  also composes at a tilt low enough for the bound to hold again and keeps the smaller of the
+  two results (:func:`jaxrdp.accounting.pld.convolution._tilt_order`; the bound is loose, and
+  λ* is often the tighter). A width only changes how tight ε is, never its
   soundness: where ε lies above the window's start, what wraps onto the window only adds
   mass, and ε(δ) is read as the start otherwise (a valid bound; see
   :func:`jaxrdp.accounting.pld.readout._epsilon_of`)."""
