@@ -211,7 +211,8 @@ design_in_graph`): the same step in a ``lax.scan`` (after five Newton steps onto
     if callback is not None:
       callback(iteration, history[-1])
   theta, q = unpack(shape)
-  u = _safe_scale(theta, u, q, epsilon, target_epsilon, t, by_pld)
+  if num_iterations:   # (without iterations the shape, and so the scale, is the initial one)
+    u = _safe_scale(theta, u, q, epsilon, target_epsilon, t, by_pld)
   sigma = jnp.exp(u + theta)
   eps = epsilon(q, sigma)
   if not bool(eps <= target_epsilon):  # the bisection keeps the safe side; this cannot fail
@@ -326,7 +327,7 @@ def _safe_scale(theta, u_guess, q, epsilon, target, t=None, by_pld=False):
 
   def grid_for(u):
     if by_pld and not sized.get("u", math.inf) <= u:
-      sized["u"] = u - 0.5
+      sized["u"] = u - 0.1
       sized["grid"] = pld.pld_grid(q, jnp.exp(sized["u"] + theta), t)
     return sized.get("grid")
 
@@ -334,26 +335,33 @@ def _safe_scale(theta, u_guess, q, epsilon, target, t=None, by_pld=False):
     eps = float(epsilon(q, jnp.exp(u + theta), pld_grid=None if own_grid else grid_for(u)))
     return math.log(eps / target) if eps > 0 else -math.inf
 
-  def solve(u_guess, own_grid):
-    hi = float(u_guess) + 0.01 if math.isfinite(float(u_guess)) else 0.01
-    g_hi = g(hi, own_grid)
+  def solve(u_guess, own_grid, step=0.01, tol=1e-10):
+    # The bracket [hi - 2 step, hi + step] around the guess, widened by steps growing 8-fold up
+    # to 0.5. From the first PLD search's point the second brackets within 1e-6: its scales'
+    # own grids are then the same sizes (one compiled program, not one per scale).
+    # A point passed while widening upwards is the bracket's lower end.
+    widen = lambda k: min(0.5, 2 * step * 8.0 ** k)
+    hi = float(u_guess) + step if math.isfinite(float(u_guess)) else step
+    g_hi, k, lo = g(hi, own_grid), 0, None
     while g_hi > 0:
       if not hi <= 40:
         raise ValueError(f"target_epsilon={target} cannot be met by scaling this schedule "
                          "(noise multipliers up to e^40 times the initial ones).")
-      hi += 0.5
+      lo, g_lo = hi, g_hi
+      hi, k = hi + widen(k), k + 1
       g_hi = g(hi, own_grid)
-    lo = hi - 0.02
-    g_lo = g(lo, own_grid)
+    if lo is None:
+      lo, k = hi - 2 * step, 0
+      g_lo = g(lo, own_grid)
     while g_lo <= 0 and lo > -40:
       hi, g_hi = lo, g_lo
-      lo -= 0.5
+      lo, k = lo - widen(k), k + 1
       g_lo = g(lo, own_grid)
     if g_lo <= 0:
       return lo   # even e^-40 meets the target
     side, true_g_hi = 0, g_hi   # g_lo, g_hi below are interpolation weights (Illinois-halved)
     for _ in range(_PROJECTION_STEPS):
-      if true_g_hi > -1e-10 or hi - lo < 1e-13:
+      if true_g_hi > -tol or hi - lo < 1e-13:
         break
       x = hi - g_hi * (hi - lo) / (g_hi - g_lo) if math.isfinite(g_hi) else 0.5 * (lo + hi)
       if not lo < x < hi:
@@ -369,8 +377,12 @@ def _safe_scale(theta, u_guess, q, epsilon, target, t=None, by_pld=False):
         side = 1
     return hi
 
-  # PLD: the search on one grid, then again from there on the grid the result's ε is read on
-  hi = solve(solve(u_guess, False), True) if by_pld else solve(u_guess, False)
+  # PLD: the search on one grid (to 1e-6: the second search starts there), then again from
+  # there on the grid the result's ε is read on.
+  if by_pld:
+    hi = solve(solve(u_guess, False, tol=1e-6), True, step=1e-6)
+  else:
+    hi = solve(u_guess, False)
   return jnp.asarray(hi, q.dtype)
 
 
