@@ -298,7 +298,7 @@ def test_the_design_runs_under_jit_and_spends_at_most_each_random_budget(design,
 def test_the_design_runs_under_jit_with_the_pld_on_a_given_grid_and_reports_progress():
   u, q0, sigma0, steps, budgets = _random_design_problem(13, 1)
   target = float(budgets[0])
-  grid = jaxrdp.pld_grid(q0, 0.5 * sigma0, steps)   # wide enough for the designs reached
+  grid = jaxrdp.pld_grid(q0, 0.8 * sigma0, steps)   # (a design below it: a larger, valid ε)
   calls = []
   design_for = jax.jit(lambda b: jaxrdp.optimize_schedule(
       u, sampling_rate=q0, noise_multiplier=sigma0, steps=steps, target_epsilon=b, delta=DELTA,
