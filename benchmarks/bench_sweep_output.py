@@ -32,7 +32,7 @@ import tempfile
 import _results
 
 _CHILD = """
-import json, os, resource, sys, time
+import json, os, pathlib, resource, sys, time
 import jax
 jax.config.update("jax_enable_x64", True)
 import numpy as np
@@ -49,7 +49,7 @@ wall = time.perf_counter() - start
 cells = int(np.prod([a.size for a in axes]))
 device = jax.devices()[0]
 stats = device.memory_stats() or {}
-written = (sum(f.stat().st_size for f in __import__("pathlib").Path(out).iterdir())
+written = (sum(f.stat().st_size for f in pathlib.Path(out).iterdir())
            if out is not None else None)
 print(json.dumps({"wall": wall, "cells": cells, "device_kind": device.device_kind,
                   "device_peak_mib": stats.get("peak_bytes_in_use", float("nan")) / 2 ** 20,

@@ -119,10 +119,10 @@ def _atomic(target, write):
 
 
 def write_part(path, index, axes, pairs, eps) -> None:
-  """Writes chunk ``index``: the cells of the consecutive flat pair indices ``pairs``
-  (q-major) with their ε ``eps`` (pairs × (T · δ), T-major). The axis columns repeat a few
-  values each: dictionary-encoded (a few bytes per part); ε is written plain (random doubles
-  gain nothing from a dictionary, and trying one costs a third of the time)."""
+  """Writes chunk ``index``: the cells of the flat pair indices ``pairs`` (q-major) with their
+  ε ``eps`` (pairs × (T · δ), T-major). The axis columns repeat a few values each:
+  dictionary-encoded (a few bytes per part); ε is written plain (random doubles gain nothing
+  from a dictionary, and trying one costs a third of the time)."""
   pa, pq = _pyarrow()
   q, sigma, t, delta = axes
   n_combos = t.size * delta.size
