@@ -234,9 +234,11 @@ def _placement(q, sigma, alpha):
   # the gap and the transition z0 (where p = 1/2) if it lies there.
   zero = jnp.zeros_like(q)
   z0 = jnp.clip(0.5 - s2 * q_logit, hi_a, jnp.maximum(lo_b, hi_a))
-  probes = jnp.stack([z_right, z_left, zero, zero + 2.0, hi_a, lo_b, z0]
-                     + [hi_a + (lo_b - hi_a) * (k / 8) for k in range(1, 8)], axis=-1)
   ex = lambda v: v[..., None]
+  # The gap's points in one broadcast (a list of seven would be seven kernels).
+  gap = ex(hi_a) + ex(lo_b - hi_a) * (jnp.arange(1, 8, dtype=dtype) / 8)
+  probes = jnp.concatenate([jnp.stack([z_right, z_left, zero, zero + 2.0, hi_a, lo_b, z0],
+                                      axis=-1), gap], axis=-1)
   m, local = _integrand(probes, jnp.zeros_like(probes), ex(sigma), ex(log_q), ex(log1m_q),
                         ex(q), ex(alpha))
   at = lambda m_ref: _relative_to(m, local, ex(m_ref), ex(sigma))
