@@ -32,10 +32,13 @@ _CHILD = textwrap.dedent("""
     np.save(f"{out}/whole-{index}.npy", np.asarray(jaxrdp.sweep(*axes, chunk_size=96)))
     np.save(f"{out}/own-{index}.npy", np.asarray(jaxrdp.sweep(*axes, chunk_size=96, gather=False)))
     jaxrdp.sweep(*axes, chunk_size=96, output=f"{out}/parts")
-    # 4 targets x 5 rates x 5 step counts x 2 deltas = 200 cells in three chunks of 96 (two
-    # blocks of 24 cells on each of 2 devices; with 4 processes the last has none).
+    # 4 targets x 5 rates x 5 step counts x 2 deltas = 200 cells on 16 orders (integer and
+    # fractional; a search costs ~10x less than on the 170 default orders) in two chunks of
+    # 128 (two blocks of 32 cells on each of 2 devices; with 4 processes the last two have none).
     calibration = dict(deltas=np.array([1e-5, 1e-8]), sampling_rates=np.geomspace(1e-3, 0.1, 5),
-                       steps=np.array([10.0, 100.0, 1e3, 1e4, 1e5]), chunk_size=96)
+                       steps=np.array([10.0, 100.0, 1e3, 1e4, 1e5]), chunk_size=128,
+                       orders=np.array([1.5, 2, 2.5, 3, 4, 5, 6, 8, 11.5, 16, 24, 32, 64, 128,
+                                        256, 1024]))
     targets = np.array([0.5, 1.0, 2.0, 8.0])
     np.save(f"{out}/sigma-{index}.npy",
             np.asarray(jaxrdp.sweep_noise_multiplier(targets, **calibration)))
@@ -103,10 +106,10 @@ def test_sweep_noise_multiplier_over_processes_equals_one_process_bitwise(one_pr
   processes, many = many_processes
   reference = np.load(f"{one_process}/sigma-0.npy")
   assert np.isfinite(reference).all()
-  chunk_of_cell = np.arange(reference.size) // 96
+  chunk_of_cell = np.arange(reference.size) // 128
   for i in range(processes):
     np.testing.assert_array_equal(np.load(f"{many}/sigma-{i}.npy"), reference)   # bitwise
     own = np.load(f"{many}/sigma-own-{i}.npy").ravel()
-    mine = chunk_of_cell % processes == i   # empty for process 3 of 4: three chunks
+    mine = chunk_of_cell % processes == i   # empty for processes 2 and 3 of 4: two chunks
     np.testing.assert_array_equal(own[mine], reference.ravel()[mine])
     assert np.isnan(own[~mine]).all()
