@@ -149,13 +149,13 @@ def test_many_phases_are_composed_in_chunks_with_the_same_value_and_gradient(mon
   # Schedules with more phases than fit in MAX_ELEMENTS are summed chunk by chunk in a
   # lax.scan (bounded memory); forcing chunks of 2 phases (5 = 2 + 2 + 1 padded) must give the
   # value and the gradient of the single-pass computation.
-  from jaxrdp.accounting import pld
-  from jaxrdp.accounting.pld import convolution
+  from jaxrdp.accounting.pld import convolution, discretisation, readout
   q, sigma, steps = np.full(5, 0.02), np.linspace(1.0, 2.0, 5), np.full(5, 50.0)
   grid = jaxrdp.pld_grid(q, sigma, steps)
-  epsilon = pld.pld_epsilon_unchecked.__wrapped__   # the kernel itself: traced afresh below
+  values, sizes = discretisation.lattice(grid)
+  epsilon = readout._pld_epsilon.__wrapped__   # the kernel itself: traced afresh below
   run = lambda: jax.jit(jax.value_and_grad(   # a new function: a new trace, no cached one
-      lambda s: epsilon(q, s, steps, jnp.float64(DELTA), grid)))(sigma)
+      lambda s: epsilon(q, s, steps, jnp.float64(DELTA), values, sizes)))(sigma)
   whole, whole_grad = run()
   monkeypatch.setattr(convolution, "MAX_ELEMENTS", 2 * 2 * max(grid.bins, grid.pmf_bins))
   assert convolution._phase_chunk(grid) == 2
@@ -188,3 +188,26 @@ def test_epsilon_read_from_a_window_wider_than_700_is_never_below_the_truth():
     exact = lambda e: float(readout._delta_of(first, log_mass, p_inf, e, interval)[0])
     assert exact(eps) <= delta * (1 + 1e-12), (delta, eps, exact(eps))
     assert exact(max(eps - interval, 0.0)) > delta or eps == 0.0, (delta, eps)
+
+
+def test_grids_of_the_same_sizes_run_one_program_whatever_their_interval_and_tail_mass():
+  # The interval and the tail mass are values of the program, not constants in it: queries at
+  # several δ (whose grids aim at tail masses below each δ) or intervals on grids of the same
+  # sizes compile once. The grids' values still reach the result.
+  from jaxrdp.accounting.pld import discretisation, readout
+  grid = jaxrdp.pld_grid(0.05, 2.0, 300, interval=2e-3)
+  other = grid._replace(interval=3e-3, tail_mass=1e-13)
+  q, s, t = (np.array([v], np.float64) for v in (0.05, 2.0, 300.0))
+  for program in (readout._pld_epsilon, readout._pld_delta):
+    jaxprs = [str(program.trace(q, s, t, np.float64(1e-6), *discretisation.lattice(g)).jaxpr)
+              for g in (grid, other)]
+    assert jaxprs[0] == jaxprs[1]
+  before = len(readout._pld_epsilon.executables)
+  values = [float(jaxrdp.pld_epsilon(0.05, 2.0, 300, 1e-6, pld_grid=g)) for g in (grid, other)]
+  compiled = len(readout._pld_epsilon.executables) - before
+  assert compiled <= 1   # 0 with JAXRDP_PLAIN_JIT=1 (jax.jit's own cache)
+  assert values[0] != values[1] and all(np.isfinite(values))
+  # The same values as the grids' own traced programs (the user's jax.jit: constants there).
+  for g, value in zip((grid, other), values):
+    jitted = jax.jit(lambda s_: jaxrdp.pld_epsilon(0.05, s_, 300, 1e-6, pld_grid=g))
+    assert float(jitted(2.0)) == value

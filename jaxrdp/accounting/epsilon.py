@@ -247,11 +247,11 @@ def _traced_search(q, sigma, t, delta, grid, refine_order):
 
 @functools.lru_cache(maxsize=64)
 def _search_arguments(spec):
-  """(grid, split, tables, refinement steps) of :func:`_grid_search` for ``spec``."""
+  """(grid, split, tables and brackets, refinement steps) of :func:`_grid_search` for ``spec``."""
   grid = np.asarray(spec[0], spec[1])
   orders, _, tables = _with_slots(grid)
   steps = refinement_steps(orders.shape[0] - grid.shape[0])
-  return grid, sampled_gaussian.order_split(grid), tables, steps
+  return grid, sampled_gaussian.order_split(grid), (tables, order_search.grid_brackets(grid)), steps
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(4,))
@@ -340,7 +340,7 @@ def _search_orders(state, orders, n, xp):
   return xp.where(state[0] == 0, orders, slotted)
 
 
-def _search_update(state, eps, pending, grid, refine_steps, xp, grid_steps=1):
+def _search_update(state, eps, pending, grid, refine_steps, xp, grid_steps=1, brackets=None):
   """The search's state after a step with ε ``eps`` and open flags ``pending`` at the grid's
   orders followed by the refinement's (as :func:`_search_orders` lays them out). Step
   ``grid_steps - 1`` takes the best grid order and brackets the refinement between its grid
@@ -349,7 +349,8 @@ def _search_update(state, eps, pending, grid, refine_steps, xp, grid_steps=1):
   (:mod:`jaxrdp.accounting.order_search`, the same rules as the branch-and-bound search).
   ``state``: (step, best ε, its order, bracket lo, hi, open, go): ``open`` says a value that
   could matter was left open, ``go`` that another step is due. ``xp``: jax.numpy in a graph,
-  numpy on the host."""
+  numpy on the host. ``brackets``: :func:`jaxrdp.accounting.order_search.grid_brackets` of
+  ``grid`` (computed once per search)."""
   step, best, best_alpha, lo, hi, is_open, _ = state
   k = grid.shape[0]
   usable = xp.isfinite(grid) & (grid > 1)
@@ -362,8 +363,8 @@ def _search_update(state, eps, pending, grid, refine_steps, xp, grid_steps=1):
   first = step == grid_steps - 1
   best_alpha = xp.where(first, grid[i], xp.where(better, inside[j], best_alpha))
   best = xp.where(first, eps[i], xp.where(better, eps_new[j], best))
-  start = order_search.bracket_of(grid, usable, best_alpha, xp)
-  new = order_search.refined_bracket(lo, hi, inside, eps_new, xp)
+  start = (brackets[0][i], brackets[1][i])   # bracket_of(grid, usable, grid[i])
+  new = order_search.refined_bracket(lo, hi, inside, eps_new, xp, best=j)
   lo, hi = (xp.where(first, a, b) for a, b in zip(start, new))
   is_open = is_open | xp.where(first, xp.any(pending[:k]), xp.any(pending[k:]))
   refinable = xp.isfinite(best) & xp.isfinite(best_alpha) & (best_alpha > 1) & xp.any(usable)
@@ -388,7 +389,7 @@ def _search_result(state, delta, xp):
                    work=_work)
 def _grid_search(q, sigma, t, delta, orders, split, tables, refine_steps, wanted=None):
   """(ε, its order) of the search of :func:`_concrete_epsilon` on a concrete grid ``orders``
-  with its ``split`` and ``tables``, in one loop that evaluates one row of shared nodes per
+  with its ``split`` and ``tables`` (the kernel's, and the grid's brackets), in one loop that evaluates one row of shared nodes per
   step: the grid's groups first, one per step (each padded to the width of the longest with
   its last order, as :func:`jaxrdp.mechanisms.sampled_gaussian` lays them out), then the
   refinement's orders (:func:`_slot_width`). Every other grid order (the exact sums of the
@@ -405,6 +406,8 @@ def _grid_search(q, sigma, t, delta, orders, split, tables, refine_steps, wanted
   (the nested grids carry it, :func:`jaxrdp.mechanisms.sampled_gaussian.shared_levels.\
 _log_j_levels`), and one more step evaluates the optimal order found (a derivative's graph
   then holds one copy of the kernel, not a second for the derivative)."""
+  tables, brackets = tables   # the kernel's tables; order_search.grid_brackets of the grid
+  brackets = tuple(jnp.asarray(b) for b in brackets)
   # A host grid becomes a graph constant here: when this function is inlined into an outer
   # trace (jax.jit(jax.vmap(f)), see jaxrdp._internal.compilation) it arrives as NumPy.
   grid = jnp.asarray(orders)
@@ -439,7 +442,7 @@ _log_j_levels`), and one more step evaluates the optimal order found (a derivati
   if refine_steps == 0:   # the grid's rows at once: no loop around the kernel
     row_eps = values(rows.reshape(-1), n_rows)
     state = _search_update(state, jnp.concatenate([at_grid(row_eps), row_eps[:width]]),
-                           jnp.zeros(k + width, bool), grid, refine_steps, jnp)
+                           jnp.zeros(k + width, bool), grid, refine_steps, jnp, brackets=brackets)
     return _search_result(state, delta, jnp)[:2]
 
   directions = [d for d, w in zip(((1.0, 0.0), (0.0, 1.0)), wanted or ()) if w]
@@ -472,7 +475,7 @@ _log_j_levels`), and one more step evaluates the optimal order found (a derivati
     new_eps = jnp.where(filling, lax.dynamic_update_index_in_dim(row_eps, eps, at_row, 0),
                         row_eps)
     new = _search_update(state, jnp.concatenate([at_grid(new_eps), eps]),
-                         jnp.zeros(k + width, bool), grid, refine_steps, jnp, n_rows)
+                         jnp.zeros(k + width, bool), grid, refine_steps, jnp, n_rows, brackets)
     if not directions:
       return new, new_eps
     keep = lambda a, b: jax.tree_util.tree_map(lambda u, v: jnp.where(searching, u, v), a, b)
@@ -523,15 +526,17 @@ def _concrete_epsilon(q, sigma, t, delta, grid, refine_order):
     split, tables = _concrete_split(ascending)
     return _binned_search(q, sigma, t, delta, ascending, split, tables,
                           _WINDOW_REFINE_STEPS if steps else 0)
-  if not validation.is_concrete((q, sigma, t, delta)):
-    return _grid_search(q, sigma, t, delta, np.asarray(grid), sampled_gaussian.order_split(grid),
-                        tables, steps)
-  state = _search_start(orders.dtype)
   grid = np.asarray(grid)
+  brackets = order_search.grid_brackets(grid)
+  if not validation.is_concrete((q, sigma, t, delta)):
+    return _grid_search(q, sigma, t, delta, grid, sampled_gaussian.order_split(grid),
+                        (tables, brackets), steps)
+  state = _search_start(orders.dtype)
   while state[-1]:
     alphas = _search_orders(state, orders, n, np)
     eps = _concrete_epsilons(q, sigma, t, delta, alphas, split, tables)
-    state = _search_update(state, eps, np.zeros(eps.shape, bool), grid, steps, np)
+    state = _search_update(state, eps, np.zeros(eps.shape, bool), grid, steps, np,
+                           brackets=brackets)
   eps, best, _ = _search_result(state, np.asarray(delta), np)
   return validation.to_device(eps), validation.to_device(best)
 

@@ -108,7 +108,7 @@ def _binned_search(q, sigma, t, delta, grid, split, tables, refine_steps):
     better = eps[j] < best
     best, alpha = jnp.where(better, eps[j], best), jnp.where(better, orders[j], alpha)
     start = order_search.bracket_of(grid, usable, alpha)
-    new = order_search.refined_bracket(lo, hi, inside, eps)
+    new = order_search.refined_bracket(lo, hi, inside, eps, best=j)
     lo, hi = (jnp.where(searching, a, b) for a, b in zip(start, new))
     known = known | (searching & jnp.zeros_like(known).at[pick].set(True))
     return best, alpha, lo, hi, known, refined + (~searching).astype(jnp.int32)
@@ -157,12 +157,12 @@ def _model_vertex(x, r, delta, j):
         & jnp.all(xs[1:] > xs[:-1]))
   lo, hi = x[jnp.maximum(j - 1, 0)], x[jnp.minimum(j + 1, n - 1)]
   a = lo + (hi - lo) * jnp.linspace(0.0, 1.0, _MODEL_POINTS, dtype=x.dtype)
-  model = 0.0
-  for i in range(5):   # Lagrange's form
-    others = [m for m in range(5) if m != i]
-    weight = jnp.prod(jnp.stack([xs[i] - xs[m] for m in others]))
-    term = jnp.prod(jnp.stack([a - xs[m] for m in others]), axis=0)
-    model = model + term * jnp.where(ok, log_r[i] / jnp.where(ok, weight, 1.0), 0.0)
+  # Lagrange's form, the five terms at once: term i is the product over m ≠ i of (a − x_m),
+  # over its weight, the product of (x_i − x_m) (the factor m = i is 1).
+  others = ~np.eye(5, dtype=bool)
+  weight = jnp.prod(jnp.where(others, xs[:, None] - xs[None, :], 1.0), axis=-1)         # (5,)
+  term = jnp.prod(jnp.where(others[..., None], a - xs[:, None], 1.0), axis=-2)          # (5, P)
+  model = jnp.sum(term * jnp.where(ok, log_r / jnp.where(ok, weight, 1.0), 0.0)[:, None], axis=0)
   eps = epsilon_at_orders(a, jnp.exp(model), delta)
   m = jnp.clip(jnp.argmin(jnp.where(jnp.isnan(eps), jnp.inf, eps)), 1, _MODEL_POINTS - 2)
   around = m + jnp.arange(-1, 2)

@@ -61,19 +61,39 @@ def bracket_of(orders, usable, best_alpha, xp=jnp):
   return lo.astype(orders.dtype), hi.astype(orders.dtype)
 
 
+def grid_brackets(orders):
+  """:func:`bracket_of` at every order of a concrete grid, as the arrays (lo, hi) of the
+  brackets: where the best order is a grid order, its bracket is a lookup by its index (in a
+  graph, one gather instead of two reductions over the grid). The same values: the same
+  maxima, minima and selections, per order."""
+  orders = np.asarray(orders)
+  usable = np.isfinite(orders) & (orders > 1)
+  at = orders[:, None]
+  below = np.max(np.where(usable & (orders < at), orders, -np.inf), axis=-1)
+  above = np.min(np.where(usable & (orders > at), orders, np.inf), axis=-1)
+  lo = np.where(np.isfinite(below), below, np.minimum(orders, 1 + 1e-3))
+  hi = np.where(np.isfinite(above), above, orders)
+  return lo.astype(orders.dtype), hi.astype(orders.dtype)
+
+
 def refinement_orders(lo, hi, xp=jnp, count=BATCH):
   """The ``count`` equally spaced orders strictly inside the bracket [lo, hi]."""
   fractions = xp.arange(1, count + 1, dtype=lo.dtype) / (count + 1)
   return lo + (hi - lo) * fractions
 
 
-def refined_bracket(lo, hi, inside, eps_new, xp=jnp):
+def refined_bracket(lo, hi, inside, eps_new, xp=jnp, best=None):
   """The neighbours of the best of the orders ``inside`` (ε unimodal there, NaN counted as
-  +inf by the caller): the next bracket. The bracket's ends are not sampled again."""
-  pad = xp.full((1,), xp.inf, eps_new.dtype)
-  points = xp.concatenate([lo[None], inside, hi[None]])
-  j = xp.argmin(xp.concatenate([pad, eps_new, pad]))
-  return points[xp.maximum(j - 1, 0)], points[xp.minimum(j + 1, inside.shape[0] + 1)]
+  +inf by the caller): the next bracket. The bracket's ends are not sampled again; where every
+  value is +inf, the bracket is (lo, the first order inside). ``best``: the index of the best
+  (``argmin(eps_new)``) where the caller has it."""
+  n = inside.shape[0]
+  j = xp.argmin(eps_new) if best is None else best
+  # The best's place among (lo, inside..., hi): lo's where every value is +inf.
+  at = xp.where(eps_new[j] == xp.inf, 0, j + 1)
+  lower = xp.where(at <= 1, lo, inside[xp.clip(at - 2, 0, n - 1)])
+  upper = xp.where(at >= n, hi, inside[xp.clip(at, 0, n - 1)])
+  return lower, upper
 
 
 def grid_epsilon(composed_rdp, grid, delta, *, refine_steps=0, initial=None,
@@ -170,7 +190,7 @@ def grid_epsilon(composed_rdp, grid, delta, *, refine_steps=0, initial=None,
     best = jnp.where(better, eps_new[i], best)
     best_alpha = jnp.where(better, orders[i], best_alpha)
     # The minimum of a unimodal function lies between the neighbours of the best sample.
-    new_lo, new_hi = refined_bracket(lo, hi, inside, eps_new)
+    new_lo, new_hi = refined_bracket(lo, hi, inside, eps_new, best=i)
     start_lo, start_hi = bracket(best_alpha)
     lo = jnp.where(searching, start_lo, new_lo)
     hi = jnp.where(searching, start_hi, new_hi)

@@ -19,16 +19,18 @@ import numpy as np
 
 from jaxrdp._internal import loops
 from jaxrdp._internal import numerics
-from jaxrdp.accounting.pld.discretisation import (MAX_ELEMENTS, PldGrid, _BLOCK, _LAMBDAS,
+from jaxrdp.accounting.pld.discretisation import (MAX_ELEMENTS, Lattice, _BLOCK, _LAMBDAS,
                                                   _MASS_FLOOR, _SMALLEST_NORMAL, _U,
                                                   _WRAP_NATS, _Z, step_pmfs)
 
 
-def _lambdas(interval: float) -> np.ndarray:
-  """The Chernoff orders λ > 0 usable at this Δ: those with λ·Δ·(_BLOCK − 1) ≤ 700, so that
-  every factor e^{−λ(l_top − l_j)} inside a block of :func:`_log_mgf` is a normal float64
-  (no term underflows to 0 while a larger one of its block is kept)."""
-  return _LAMBDAS[_LAMBDAS * interval * (_BLOCK - 1) <= 700.0]
+def _usable(lam, interval):
+  """Which Chernoff orders λ > 0 are usable at this Δ (which may be traced: one program serves
+  every interval): those with λ·Δ·(_BLOCK − 1) ≤ 700, so that every factor e^{−λ(l_top − l_j)}
+  inside a block of :func:`_log_mgf` is a normal float64 (no term underflows to 0 while a
+  larger one of its block is kept). The others get K(λ) = +∞ (:func:`_log_mgf`): no
+  information, never chosen by a minimum over λ."""
+  return lam * interval * (_BLOCK - 1) <= 700.0
 
 
 def _weighted(t, x):
@@ -36,8 +38,8 @@ def _weighted(t, x):
   return jnp.where(t > 0, t * jnp.where(t > 0, x, 0.0), 0.0)
 
 
-def _log_mgf(pmf, start, interval):
-  """An upper bound on K(λ) = log Σ_k p_k e^{λ l_k} at the Chernoff orders :func:`_lambdas`, in
+def _log_mgf(pmf, start, grid):
+  """An upper bound on K(λ) = log Σ_k p_k e^{λ l_k} at the Chernoff orders :data:`_LAMBDAS`, in
   logs (λ·l overflows and underflows both ways): per block of :data:`_BLOCK` points,
   Σ_j p_j e^{−λ(l_top − l_j)} is a matrix product with factors in [e^{−700}, 1], and the blocks
   are combined by log-sum-exp. It bounds the mass above the window, so it must not round low:
@@ -47,17 +49,17 @@ def _log_mgf(pmf, start, interval):
   the window, bounds a negligible tail and picks the tilt). Leading axes of ``pmf`` and
   ``start`` are batch axes; the λ axis is appended."""
   pmf = lax.stop_gradient(pmf)
-  lam = jnp.asarray(_lambdas(interval), pmf.dtype)
-  below_top = (_BLOCK - 1 - jnp.arange(_BLOCK)) * interval
+  interval = grid.interval
+  lam = jnp.asarray(_LAMBDAS, pmf.dtype)
   blocks = pmf.reshape(pmf.shape[:-1] + (-1, _BLOCK))
-  sums = blocks @ jnp.exp(-below_top[:, None] * lam)               # (..., blocks, λ)
+  sums = blocks @ grid.factors                                     # (..., blocks, λ)
   held = jnp.max(blocks, axis=-1, keepdims=True) > 0
   sums = jnp.where(held, sums * (1.0 + 256 * _U) + _BLOCK * _SMALLEST_NORMAL, 0.0)
   block_top = (start[..., None] + _BLOCK * jnp.arange(1, blocks.shape[-2] + 1) - 1) * interval
   exponent = lam * block_top[..., None]
   log_sums = jnp.where(held, jnp.log(jnp.where(held, sums, 1.0)), -jnp.inf)
-  return (jax.nn.logsumexp(log_sums + exponent + 4 * _U * jnp.abs(exponent), axis=-2)
-          + 1e-12)
+  k = jax.nn.logsumexp(log_sums + exponent + 4 * _U * jnp.abs(exponent), axis=-2) + 1e-12
+  return jnp.where(_usable(lam, interval), k, jnp.inf)
 
 
 def _tilt(pmf, start, interval, lam):
@@ -139,7 +141,7 @@ def _pmf_rounding(q, sigma, start, c, lam, grid):
 def _step(q, sigma, grid):
   """:func:`step_pmfs` on the grid, computed once where it is used twice (a barrier keeps XLA
   from recomputing its error functions inside each consumer's fusion)."""
-  return lax.optimization_barrier(step_pmfs(q, sigma, grid.interval, grid.pmf_bins))
+  return lax.optimization_barrier(step_pmfs(q, sigma, grid))
 
 
 def _moment_sums(q, sigma, t, grid, steps=None):
@@ -147,7 +149,7 @@ def _moment_sums(q, sigma, t, grid, steps=None):
   on each): Σ t_i K_i(λ) (an upper bound), Σ t_i log(1 − p_∞,i) and the offset Σ t_i start_i
   of the composed grid. ``steps``: the phases' :func:`_step`, where already computed."""
   start, pmf, above = _step(q, sigma, grid) if steps is None else steps
-  k = _log_mgf(pmf, start, grid.interval)
+  k = _log_mgf(pmf, start, grid)
   return (jnp.sum(_weighted(t[:, None], k), axis=-2)
           + 1e-10 * jnp.sum(_weighted(t[:, None], jnp.abs(k)), axis=-2),
           jnp.sum(_weighted(t, jnp.log1p(-above)), axis=-1),
@@ -176,7 +178,7 @@ def _spectrum_sums(q, sigma, t, lam, grid, steps=None):
                  jnp.sum(_weighted(t, jnp.log1p(rho)), axis=-1))
 
 
-def _phase_chunk(grid: PldGrid) -> int:
+def _phase_chunk(grid: Lattice) -> int:
   """Phases processed together: as many as keep the work arrays within MAX_ELEMENTS."""
   return max(1, MAX_ELEMENTS // (2 * max(grid.bins, grid.pmf_bins)))
 
@@ -304,7 +306,7 @@ def _composed(q, sigma, t, grid, *, delta=None, epsilon=None):
   the window lies above its start, and is its start otherwise (a bound,
   :func:`jaxrdp.accounting.pld.readout._epsilon_of`)."""
   interval, bins = grid.interval, grid.bins
-  lam = jnp.asarray(_lambdas(interval), q.dtype)
+  lam = jnp.asarray(_LAMBDAS, q.dtype)
   # One pass for the window and the tilts, one for the tilted spectra at each tilt: the step
   # PMFs computed once where all phases fit in one chunk.
   steps = _step(q, sigma, grid) if q.shape[0] <= _phase_chunk(grid) else None
@@ -312,7 +314,7 @@ def _composed(q, sigma, t, grid, *, delta=None, epsilon=None):
   tilts, both = _tilt_order(k_total, lam, bins * interval, jnp.sum(_weighted(t, 1.0)), grid,
                             delta, epsilon)                               # (2 tilts, 2)
   # The window's top: the Chernoff quantile of the composed loss at tail_mass.
-  quantile = jnp.min((k_total - math.log(grid.tail_mass)) / lam, axis=-1)
+  quantile = jnp.min((k_total - grid.log_tail_mass) / lam, axis=-1)
   # (No finite mass at all: K = −∞ and any window will do; clipped so the index stays valid.)
   quantile = jnp.clip(jnp.where(jnp.isnan(quantile), 0.0, quantile), -1e6, 1e6)
   top = jnp.ceil(quantile / interval).astype(jnp.int64)

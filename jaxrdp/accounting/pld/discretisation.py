@@ -9,8 +9,9 @@ package docstring).
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 from jax import lax
@@ -47,6 +48,48 @@ class PldGrid(NamedTuple):
   tail_mass: float
 
 
+class Lattice(NamedTuple):
+  """A :class:`PldGrid` as the graph computes on it (:func:`lattice`): its sizes (static) and
+  its values, which may be arguments of the program (one program serves every interval and
+  tail mass on grids of the same sizes), with the transcendental functions of them taken on
+  the host (``math``): the same values whether the graph gets them as constants (a user's
+  ``jax.jit`` with a static grid, where XLA might fold them its own way) or as arguments.
+
+  Attributes:
+    interval: Δ.
+    log_tail_mass: log of the grid's tail mass.
+    decay: e^{−Δ}.
+    rise: 1 − e^{−Δ}.
+    factors: (_BLOCK, λ) the factors e^{−λ(_BLOCK − 1 − j)Δ} of the moment-generating
+      function's block sums at every Chernoff order λ of :data:`_LAMBDAS`
+      (:func:`jaxrdp.accounting.pld.convolution._log_mgf`).
+    pmf_bins, bins: as in :class:`PldGrid`.
+  """
+  interval: Any
+  log_tail_mass: Any
+  decay: Any
+  rise: Any
+  factors: Any
+  pmf_bins: int
+  bins: int
+
+
+@functools.lru_cache(maxsize=64)
+def _interval_values(interval: float, tail_mass: float) -> tuple:
+  below_top = (_BLOCK - 1 - jnp.arange(_BLOCK)) * interval
+  factors = np.asarray(jnp.exp(-below_top[:, None] * jnp.asarray(_LAMBDAS)), np.float64)
+  factors.flags.writeable = False
+  scalars = (interval, math.log(tail_mass), math.exp(-interval), -math.expm1(-interval))
+  return tuple(np.float64(v) for v in scalars) + (factors,)
+
+
+def lattice(grid: PldGrid) -> tuple[tuple, tuple[int, int]]:
+  """(values, sizes) of ``grid``: the float64 values of :class:`Lattice`, computed here, on the
+  host (``math``, and ``jax.numpy`` on concrete values for the factors), and its static sizes;
+  ``Lattice(*values, *sizes)`` in the graph."""
+  return _interval_values(float(grid.interval), float(grid.tail_mass)), (grid.pmf_bins, grid.bins)
+
+
 # ---------------------------------------------------------------------------------------------
 # One step: the discretised PLD of the Poisson-sampled Gaussian mechanism.
 
@@ -81,12 +124,12 @@ def _start_index(q, sigma, interval, add):
   return jnp.floor(low / interval).astype(jnp.int64)
 
 
-def step_pmfs(q, sigma, interval, pmf_bins):
+def step_pmfs(q, sigma, grid):
   """One step's pessimistic discretised PLD, for each phase and both directions.
 
   Args:
     q, sigma: the phases' sampling rates and noise multipliers (1-D, float64).
-    interval: Δ. pmf_bins: the number of points (static).
+    grid: the :class:`Lattice` (Δ, e^{−Δ}, 1 − e^{−Δ}; ``pmf_bins`` points, static).
 
   Returns:
     (start, pmf, above): for direction (remove, add) × phase, the first point's index (the
@@ -94,6 +137,7 @@ def step_pmfs(q, sigma, interval, pmf_bins):
     first point rounded up to it) and the mass above the last point (infinite loss). Shapes
     (2, P), (2, P, pmf_bins), (2, P).
   """
+  interval, pmf_bins = grid.interval, grid.pmf_bins
   add = jnp.array([[False], [True]])                               # (direction, phase)
   start = _start_index(q, sigma, interval, add)
   losses = (start[..., None] + jnp.arange(pmf_bins)) * interval    # (2, P, K)
@@ -120,8 +164,7 @@ def step_pmfs(q, sigma, interval, pmf_bins):
                     (1 - q) * upper[0, ..., -1] + q * upper[1, ..., -1])
   # Split interval k's P-mass p between its ends, a at l_k and p − a at l_{k+1}, keeping its
   # Q-mass: a e^{−l_k} + (p − a) e^{−l_{k+1}} = Q-mass (Doroshenko et al. 2022, Alg. 1).
-  left = (q_mass * jnp.exp(losses[..., :-1]) - p_mass * math.exp(-interval)) / -math.expm1(
-      -interval)
+  left = (q_mass * jnp.exp(losses[..., :-1]) - p_mass * grid.decay) / grid.rise
   left = jnp.clip(left, 0.0, p_mass)
   pad = [(0, 0), (0, 0)]
   pmf = jnp.pad(left, pad + [(0, 1)]) + jnp.pad(p_mass - left, pad + [(1, 0)])

@@ -16,7 +16,7 @@ from jax import lax
 from jaxrdp._internal import compilation
 from jaxrdp._internal import numerics
 from jaxrdp.accounting.pld.convolution import _composed
-from jaxrdp.accounting.pld.discretisation import _READ_BLOCK, _U
+from jaxrdp.accounting.pld.discretisation import Lattice, _READ_BLOCK, _U, lattice
 
 
 def _delta_of(first, log_mass, p_inf, eps, interval):
@@ -129,15 +129,37 @@ def _larger(per_direction, q):
   return jnp.where(jnp.all(q == 1), per_direction[0], per_direction[jnp.argmax(per_direction)])
 
 
-@compilation.jit(static_argnames=("grid",), work=_light)
 def pld_epsilon_unchecked(q, sigma, t, delta, grid):
-  """ε(δ) of the schedule (phase arrays q, σ, t of float64), the larger of the directions'."""
+  """ε(δ) of the schedule (phase arrays q, σ, t of float64) on ``grid`` (a :class:`PldGrid`),
+  the larger of the directions': one program per pair of grid sizes (:func:`lattice`), so that
+  queries at several δ (whose grids aim at tail masses below each δ) or intervals compile once."""
+  values, sizes = lattice(grid)
+  return _pld_epsilon(q, sigma, t, delta, values, sizes=sizes)
+
+
+def pld_delta_unchecked(q, sigma, t, epsilon, grid):
+  """δ(ε) of the schedule, the larger of the directions' (as :func:`pld_epsilon_unchecked`)."""
+  values, sizes = lattice(grid)
+  return _pld_delta(q, sigma, t, epsilon, values, sizes=sizes)
+
+
+def _lattice_of(values, sizes):
+  """The :class:`Lattice` in the graph. Its values pass a barrier: where they are constants (a
+  user's ``jax.jit`` with a static grid) XLA cannot fold them into the arithmetic its own way
+  (a division by Δ rewritten as a product with 1/Δ, which rounds differently), so that every
+  program computes what the eager one, which gets them as arguments, computes."""
+  return Lattice(*lax.optimization_barrier(values), *sizes)
+
+
+@compilation.jit(static_argnames=("sizes",), work=_light)
+def _pld_epsilon(q, sigma, t, delta, values, sizes):
+  grid = _lattice_of(values, sizes)
   first, log_mass, p_inf = _composed(q, sigma, t, grid, delta=delta)
   return _larger(_epsilon_of(first, log_mass, p_inf, delta, grid.interval), q)
 
 
-@compilation.jit(static_argnames=("grid",), work=_light)
-def pld_delta_unchecked(q, sigma, t, epsilon, grid):
-  """δ(ε) of the schedule, the larger of the directions'."""
+@compilation.jit(static_argnames=("sizes",), work=_light)
+def _pld_delta(q, sigma, t, epsilon, values, sizes):
+  grid = _lattice_of(values, sizes)
   first, log_mass, p_inf = _composed(q, sigma, t, grid, epsilon=epsilon)
   return jnp.minimum(_larger(_delta_of(first, log_mass, p_inf, epsilon, grid.interval), q), 1.0)

@@ -77,7 +77,7 @@ def _tilted_width(lam, k_total, high, delta, interval):
 
   The composition is tilted at the Chernoff order λ* of the quantile Q at δ (as
   :func:`jaxrdp.accounting.pld.convolution._tilt_order` picks it, on the orders
-  :func:`~jaxrdp.accounting.pld.convolution._lambdas` allows at this Δ; the smallest whose
+  :func:`~jaxrdp.accounting.pld.convolution._usable` allows at this Δ; the smallest whose
   objective is within 0.1 % of the best, in case the graph's K breaks a near tie the other
   way). On a circle of circumference W, tilted mass a lap away from a point l ≥ ε read is
   undone at l: from a lap below it arrives scaled by e^{−λ*W}, from a lap above by e^{λ*W}.
