@@ -28,6 +28,7 @@ from jaxrdp.accounting.sweep import sweep, sweep_noise_multiplier
 from jaxrdp.accounting.sweep_output import read_sweep
 from jaxrdp.mechanisms.without_replacement import rdp_sampled_gaussian_without_replacement
 from jaxrdp.mechanisms.zcdp import pure_dp_to_zcdp, rdp_tcdp, rdp_zcdp, zcdp_to_delta, zcdp_to_epsilon
+from jaxrdp._internal.compilation import compiler_options
 
 import importlib as _importlib
 
@@ -75,6 +76,7 @@ __all__ = [
     "clopper_pearson_upper",
     "compute_delta",
     "compute_epsilon",
+    "compiler_options",
     "compute_rdp",
     "DEFAULT_ORDERS",
     "differentially_private_aggregate",

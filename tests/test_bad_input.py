@@ -421,6 +421,11 @@ TABLE = {
              sigma=real(1.0, lo=0), key=BAD_KEY,
              r_rel=[b for b in real(0.1, lo=0) if b.label != "None"]
              + [Bad(1e3, ValueError, "sigma below gamma * r_rel / eta")])),
+    "compiler_options": Api(
+        jaxrdp.compiler_options,
+        dict(backend="cpu"),
+        dict(backend=[Bad("cpuu", ValueError, "unknown backend"), Bad(1, TypeError, "int"),
+                      Bad(b"cpu", TypeError, "bytes")])),
     "zcdp_to_delta": Api(
         jaxrdp.zcdp_to_delta,
         dict(rho=0.1, epsilon=1.0),
@@ -679,6 +684,7 @@ JIT_EXCLUDED = {
                      "PldGrid", "RelativeGaussianNoiseState", "ScheduleResult"),
                     "a NamedTuple: holds values, computes nothing"),
     "DEFAULT_ORDERS": "a constant",
+    "compiler_options": "returns compiler options for jax.jit, no number",
     "rdp_spent": "its one argument is an optimizer state, no value with a domain "
                  "(privacy_spent reads the same state and is in the table)",
     "fixed_sample": "returns indices, no number to make NaN; its sizes are static ints (shapes), "

@@ -136,3 +136,28 @@ print(repr(value))
   import jaxrdp   # (the suite runs in float64, tests/conftest.py)
   expected = float(jaxrdp.dpsgd_epsilon(0.01, 1.1, 1000, 1e-5))
   assert abs(float(plain.stdout.strip()) - expected) <= 1e-12 * expected
+
+
+def test_compiler_options_for_a_user_s_jit_give_the_default_values():
+  # jaxrdp.compiler_options(): the eager layer's CPU options for a user's own jax.jit. The
+  # values are XLA's defaults' to ~1e-14 relative (they choose code generation, not arithmetic).
+  import jaxrdp
+  options = jaxrdp.compiler_options()
+  assert options == {k: v for k, v in compilation._CPU_OPTIONS.items()
+                     if k not in compilation._UNSUPPORTED}
+  assert jaxrdp.compiler_options(backend="gpu") == {} and options is not jaxrdp.compiler_options()
+  f = jax.value_and_grad(lambda s: jaxrdp.dpsgd_epsilon(0.01, s, 100.0, 1e-5))
+  sigma = jnp.linspace(0.8, 1.6, 3)
+  ours, default = (jax.jit(f, compiler_options=o)(sigma) for o in (options, None))
+  for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(default)):
+    np.testing.assert_allclose(a, b, rtol=1e-13, atol=0)
+
+
+def test_compiler_options_leave_out_an_option_this_jaxlib_rejects(monkeypatch):
+  monkeypatch.setattr(compilation, "_CPU_OPTIONS",
+                      {**compilation._CPU_OPTIONS, "xla_no_such_option_for_jaxrdp": True})
+  monkeypatch.setattr(compilation, "_UNSUPPORTED", set(compilation._UNSUPPORTED))
+  monkeypatch.setattr(compilation, "_PROBED", [])
+  options = compilation.compiler_options()
+  assert "xla_no_such_option_for_jaxrdp" not in options
+  assert jax.jit(lambda x: 2 * x, compiler_options=options)(3.0) == 6.0
