@@ -196,7 +196,8 @@ def test_grids_of_the_same_sizes_run_one_program_whatever_their_interval_and_tai
   # sizes compile once. The grids' values still reach the result.
   from jaxrdp.accounting.pld import discretisation, readout
   grid = jaxrdp.pld_grid(0.05, 2.0, 300, interval=2e-3)
-  other = grid._replace(interval=3e-3, tail_mass=1e-13)
+  other = grid._replace(interval=3.0137e-3, tail_mass=1e-13)   # values first met in a jit
+  first = float(jax.jit(lambda s_: jaxrdp.pld_epsilon(0.05, s_, 300, 1e-6, pld_grid=other))(2.0))
   q, s, t = (np.array([v], np.float64) for v in (0.05, 2.0, 300.0))
   for program in (readout._pld_epsilon, readout._pld_delta):
     jaxprs = [str(program.trace(q, s, t, np.float64(1e-6), *discretisation.lattice(g)).jaxpr)
@@ -208,6 +209,7 @@ def test_grids_of_the_same_sizes_run_one_program_whatever_their_interval_and_tai
   assert compiled <= 1   # 0 with JAXRDP_PLAIN_JIT=1 (jax.jit's own cache)
   assert values[0] != values[1] and all(np.isfinite(values))
   # The same values as the grids' own traced programs (the user's jax.jit: constants there).
+  assert first == values[1]
   for g, value in zip((grid, other), values):
     jitted = jax.jit(lambda s_: jaxrdp.pld_epsilon(0.05, s_, 300, 1e-6, pld_grid=g))
     assert float(jitted(2.0)) == value

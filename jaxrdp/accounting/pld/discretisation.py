@@ -13,6 +13,7 @@ import functools
 import math
 from typing import Any, NamedTuple
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 import numpy as np
@@ -76,8 +77,9 @@ class Lattice(NamedTuple):
 
 @functools.lru_cache(maxsize=64)
 def _interval_values(interval: float, tail_mass: float) -> tuple:
-  below_top = (_BLOCK - 1 - jnp.arange(_BLOCK)) * interval
-  factors = np.asarray(jnp.exp(-below_top[:, None] * jnp.asarray(_LAMBDAS)), np.float64)
+  with jax.ensure_compile_time_eval():   # evaluated now, also when called inside a trace
+    below_top = (_BLOCK - 1 - jnp.arange(_BLOCK)) * interval
+    factors = np.asarray(jnp.exp(-below_top[:, None] * jnp.asarray(_LAMBDAS)), np.float64)
   factors.flags.writeable = False
   scalars = (interval, math.log(tail_mass), math.exp(-interval), -math.expm1(-interval))
   return tuple(np.float64(v) for v in scalars) + (factors,)
