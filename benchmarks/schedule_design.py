@@ -341,6 +341,9 @@ def main(argv=None):
   parser.add_argument("--seeds", type=int, default=10)
   parser.add_argument("--iterations", type=int, default=60, help="design iterations (analytic)")
   parser.add_argument("--learned-iterations", type=int, default=15)
+  parser.add_argument("--learning-rates", default=None,
+                      help="comma-separated grid for every task instead of each task's own "
+                           "(a sensitivity check: the tables use the tasks' grids)")
   parser.add_argument("--json", default=None)
   parser.add_argument("--docs", action="store_true",
                       help="write the tables into docs/schedule-design.md and the plot into "
@@ -360,6 +363,8 @@ def main(argv=None):
     task = load_task(name)
     run = make_trainer(task)
     steps, q0, lrs = task[5], task[6], task[7]
+    if args.learning_rates:
+      lrs = tuple(float(v) for v in args.learning_rates.split(","))
     keys = jax.random.split(jax.random.key(1), args.seeds)
     report["tasks"][name] = out = {"steps": steps, "sampling_rate": q0, "learning_rates": lrs,
                                    "budgets": {}}
