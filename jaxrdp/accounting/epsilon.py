@@ -340,7 +340,7 @@ def _search_orders(state, orders, n, xp):
   return xp.where(state[0] == 0, orders, slotted)
 
 
-def _search_update(state, eps, pending, grid, refine_steps, xp, grid_steps=1, brackets=None):
+def _search_update(state, eps, pending, grid, refine_steps, xp, brackets, grid_steps=1):
   """The search's state after a step with ε ``eps`` and open flags ``pending`` at the grid's
   orders followed by the refinement's (as :func:`_search_orders` lays them out). Step
   ``grid_steps - 1`` takes the best grid order and brackets the refinement between its grid
@@ -389,9 +389,9 @@ def _search_result(state, delta, xp):
                    work=_work)
 def _grid_search(q, sigma, t, delta, orders, split, tables, refine_steps, wanted=None):
   """(ε, its order) of the search of :func:`_concrete_epsilon` on a concrete grid ``orders``
-  with its ``split`` and ``tables`` (the kernel's, and the grid's brackets), in one loop that evaluates one row of shared nodes per
-  step: the grid's groups first, one per step (each padded to the width of the longest with
-  its last order, as :func:`jaxrdp.mechanisms.sampled_gaussian` lays them out), then the
+  with its ``split`` and ``tables`` (the kernel's, and the grid's brackets), in one loop
+  that evaluates one row of shared nodes per step: the grid's groups first, one per step
+  (each padded to the width of the longest with its last order, as :func:`jaxrdp.mechanisms.sampled_gaussian` lays them out), then the
   refinement's orders (:func:`_slot_width`). Every other grid order (the exact sums of the
   integer orders, and the per-order quadrature for any order outside the split's groups) is
   evaluated once, outside the loop (a kernel inside a loop also compiles ~1.5x slower). The
@@ -442,7 +442,7 @@ _log_j_levels`), and one more step evaluates the optimal order found (a derivati
   if refine_steps == 0:   # the grid's rows at once: no loop around the kernel
     row_eps = values(rows.reshape(-1), n_rows)
     state = _search_update(state, jnp.concatenate([at_grid(row_eps), row_eps[:width]]),
-                           jnp.zeros(k + width, bool), grid, refine_steps, jnp, brackets=brackets)
+                           jnp.zeros(k + width, bool), grid, refine_steps, jnp, brackets)
     return _search_result(state, delta, jnp)[:2]
 
   directions = [d for d, w in zip(((1.0, 0.0), (0.0, 1.0)), wanted or ()) if w]
@@ -475,7 +475,7 @@ _log_j_levels`), and one more step evaluates the optimal order found (a derivati
     new_eps = jnp.where(filling, lax.dynamic_update_index_in_dim(row_eps, eps, at_row, 0),
                         row_eps)
     new = _search_update(state, jnp.concatenate([at_grid(new_eps), eps]),
-                         jnp.zeros(k + width, bool), grid, refine_steps, jnp, n_rows, brackets)
+                         jnp.zeros(k + width, bool), grid, refine_steps, jnp, brackets, n_rows)
     if not directions:
       return new, new_eps
     keep = lambda a, b: jax.tree_util.tree_map(lambda u, v: jnp.where(searching, u, v), a, b)
@@ -535,8 +535,7 @@ def _concrete_epsilon(q, sigma, t, delta, grid, refine_order):
   while state[-1]:
     alphas = _search_orders(state, orders, n, np)
     eps = _concrete_epsilons(q, sigma, t, delta, alphas, split, tables)
-    state = _search_update(state, eps, np.zeros(eps.shape, bool), grid, steps, np,
-                           brackets=brackets)
+    state = _search_update(state, eps, np.zeros(eps.shape, bool), grid, steps, np, brackets)
   eps, best, _ = _search_result(state, np.asarray(delta), np)
   return validation.to_device(eps), validation.to_device(best)
 

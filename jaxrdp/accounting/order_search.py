@@ -52,28 +52,23 @@ def _spread_rank(k: int) -> np.ndarray:
 
 def bracket_of(orders, usable, best_alpha, xp=jnp):
   """The refinement's starting bracket: the usable grid neighbours of the best order (below it,
-  1 + 1e-3 when none; above it, the order itself when none). ``xp``: jax.numpy in a graph,
-  numpy on the host (the same arithmetic)."""
-  below = xp.max(xp.where(usable & (orders < best_alpha), orders, -xp.inf))
-  above = xp.min(xp.where(usable & (orders > best_alpha), orders, xp.inf))
+  1 + 1e-3 when none; above it, the order itself when none). ``best_alpha`` a scalar, or an
+  array of orders: a bracket for each. ``xp``: jax.numpy in a graph, numpy on the host (the
+  same arithmetic)."""
+  at = best_alpha[..., None]
+  below = xp.max(xp.where(usable & (orders < at), orders, -xp.inf), axis=-1)
+  above = xp.min(xp.where(usable & (orders > at), orders, xp.inf), axis=-1)
   lo = xp.where(xp.isfinite(below), below, xp.minimum(best_alpha, 1 + 1e-3))
   hi = xp.where(xp.isfinite(above), above, best_alpha)
   return lo.astype(orders.dtype), hi.astype(orders.dtype)
 
 
 def grid_brackets(orders):
-  """:func:`bracket_of` at every order of a concrete grid, as the arrays (lo, hi) of the
-  brackets: where the best order is a grid order, its bracket is a lookup by its index (in a
-  graph, one gather instead of two reductions over the grid). The same values: the same
-  maxima, minima and selections, per order."""
+  """:func:`bracket_of` at every order of a concrete grid, (lo, hi) arrays: where the best order
+  is a grid order, its bracket is a lookup by its index (in a graph, one gather instead of two
+  reductions over the grid)."""
   orders = np.asarray(orders)
-  usable = np.isfinite(orders) & (orders > 1)
-  at = orders[:, None]
-  below = np.max(np.where(usable & (orders < at), orders, -np.inf), axis=-1)
-  above = np.min(np.where(usable & (orders > at), orders, np.inf), axis=-1)
-  lo = np.where(np.isfinite(below), below, np.minimum(orders, 1 + 1e-3))
-  hi = np.where(np.isfinite(above), above, orders)
-  return lo.astype(orders.dtype), hi.astype(orders.dtype)
+  return bracket_of(orders, np.isfinite(orders) & (orders > 1), orders, np)
 
 
 def refinement_orders(lo, hi, xp=jnp, count=BATCH):
