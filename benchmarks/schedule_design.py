@@ -12,7 +12,11 @@ Pre-registered in issue 36. Three tasks that run offline on a CPU:
 Each task is split into train / validation / test once (seed 0). Training is DP-SGD with
 :func:`jaxrdp.differentially_private_aggregate` (Poisson batches by
 :func:`jaxrdp.poisson_sample`, per-example clipping, Gaussian noise) followed by plain SGD, at
-ε ∈ {1, 3, 8} and δ = 1e-5, for a fixed number of steps at a base sampling rate. Methods:
+ε ∈ {1, 3, 8} and δ = 1e-5, for a fixed number of steps at a base sampling rate. The clipped
+sum of the per-example gradients is computed from the batch's backward pass with "ghost
+norms" (examples/optimize_schedule.py's ``clipped_grad_sum``, the same sum to float32
+rounding, tested) and given to the transform as a :class:`jaxrdp.ClippedGradSum`; every
+learning rate and seed of a schedule trains in one vmapped program. Methods:
 
 1. ``constant``: the best constant σ (calibrated to ε), the learning rate tuned on the
    validation split;
@@ -62,6 +66,10 @@ import optax
 import jaxrdp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+# The model and its clipped gradient sum (ghost norms: no per-example gradients) are the
+# example's, which reproduces one row of this experiment.
+from optimize_schedule import clipped_grad_sum, forward, init_mlp  # noqa: E402
 DELTA = 1e-5
 PHASES = 10
 CLIP = 1.0
@@ -79,20 +87,9 @@ def _split(x, y, n_train, n_val, seed=0):
 
 
 def _mlp(sizes):
-  def init(key):
-    params = []
-    for a, b in zip(sizes[:-1], sizes[1:]):
-      key, sub = jax.random.split(key)
-      params.append((jax.random.normal(sub, (a, b), jnp.float32) / math.sqrt(a),
-                     jnp.zeros((b,), jnp.float32)))
-    return params
-
-  def apply(params, x):
-    for w, b in params[:-1]:
-      x = jnp.tanh(x @ w + b)
-    w, b = params[-1]
-    return x @ w + b
-  return init, apply
+  """(init, apply) of the MLP with these layer sizes (tanh hidden layers; one layer: logistic
+  regression)."""
+  return (lambda key: init_mlp(key, sizes)), (lambda params, x: forward(params, x)[0])
 
 
 def load_task(name):
@@ -122,14 +119,12 @@ def load_task(name):
 # ---------------------------------------------------------------- training
 
 def make_trainer(task):
-  """train(keys, sigma_phases, q_phases, lr) -> (val acc, test acc) per key, jitted, vmapped
-  over the keys (the seeds)."""
+  """train(keys, sigma_phases, q_phases, lrs) -> (val acc, test acc, ε spent), each (lrs,
+  keys): one jitted program per batch shape, vmapped over the learning rates and the keys
+  (the seeds)."""
   (xtr, ytr), (xva, yva), (xte, yte), init, apply, steps, q0, _ = task
   n = xtr.shape[0]
   per_phase = steps // PHASES
-
-  def loss1(params, x, y):
-    return -jax.nn.log_softmax(apply(params, x[None]))[0, y]
 
   def accuracy(params, x, y):
     return jnp.mean(jnp.argmax(apply(params, x), -1) == y)
@@ -148,24 +143,27 @@ def make_trainer(task):
       params, state = carry
       idx, mask = jaxrdp.poisson_sample(jax.random.fold_in(k_batches, i), n, qs[phase(i)],
                                         max_batch)
-      grads = jax.vmap(jax.grad(loss1), (None, 0, 0))(params, xtr[idx], ytr[idx])
-      updates, state = tx.update(grads, state, params, mask=mask)
+      clipped = clipped_grad_sum(params, xtr[idx], ytr[idx], mask, CLIP)
+      updates, state = tx.update(clipped, state, params)
       return (optax.apply_updates(params, updates), state), None
 
     (params, state), _ = jax.lax.scan(step, (params, state), jnp.arange(steps))
     return accuracy(params, xva, yva), accuracy(params, xte, yte), jaxrdp.privacy_spent(state, DELTA)
 
-  def run(keys, sigmas, qs, lr):
-    q_max = float(np.max(qs))
-    max_batch = jaxrdp.poisson_max_batch_size(n, q_max)
-    return _compiled(max_batch)(keys, jnp.asarray(sigmas), jnp.asarray(qs), lr)
+  # One batch shape for every schedule of the task (the designs' rates stay within 1.5x the
+  # base rate): one program per task; a rate above that gets a program of its own.
+  room = jaxrdp.poisson_max_batch_size(n, min(1.0, 1.5 * q0))
+
+  def run(keys, sigmas, qs, lrs):
+    max_batch = max(room, jaxrdp.poisson_max_batch_size(n, float(np.max(qs))))
+    return _compiled(max_batch)(keys, jnp.asarray(sigmas), jnp.asarray(qs), jnp.asarray(lrs))
 
   cache = {}
 
   def _compiled(max_batch):
     if max_batch not in cache:
-      cache[max_batch] = jax.jit(jax.vmap(lambda k, s, q, lr: train(k, s, q, lr, max_batch),
-                                          (0, None, None, None)))
+      per_key = jax.vmap(lambda k, s, q, lr: train(k, s, q, lr, max_batch), (0, None, None, None))
+      cache[max_batch] = jax.jit(jax.vmap(per_key, (None, None, None, 0)))
     return cache[max_batch]
   return run
 
@@ -177,16 +175,13 @@ def learned_utility(task, lr, seeds=2, fresh=True):
   ``utility(σ, q, key)``, new draws each iteration of the design, a stochastic gradient of the
   expected loss; else ``utility(σ, q)`` with one fixed set of draws), the noise
   σ_t C z_t / (q_t N) (the gradient through σ), the sum divided by the expected batch q_t N
-  (the gradient through q), clipping as the transform clips."""
+  (the gradient through q), clipping as the trainer clips (:func:`clipped_grad_sum`)."""
   (xtr, ytr), (xva, yva), _, init, apply, steps, _, _ = task
   n = xtr.shape[0]
   per_phase = steps // PHASES
   keys = jax.random.split(jax.random.key(12345), seeds)   # not the evaluation's seeds
   # q is held at the task's rate in this design (σ only); a static batch shape with room.
   max_batch = jaxrdp.poisson_max_batch_size(n, min(1.0, 2 * task[6]))
-
-  def loss1(params, x, y):
-    return -jax.nn.log_softmax(apply(params, x[None]))[0, y]
 
   def run(key, sigmas, qs):
     params = init(jax.random.fold_in(key, 0))
@@ -198,16 +193,10 @@ def learned_utility(task, lr, seeds=2, fresh=True):
       s, q = sigmas[i // per_phase], qs[i // per_phase]
       idx, mask = jaxrdp.poisson_sample(jax.random.fold_in(k, 0), n, jax.lax.stop_gradient(q),
                                         max_batch)
-      grads = jax.vmap(jax.grad(loss1), (None, 0, 0))(params, xtr[idx], ytr[idx])
-      g = jax.tree.leaves(grads)
-      squares = sum(jnp.sum(v.reshape(max_batch, -1) ** 2, 1) for v in g)
-      # double where: a zero gradient (a confidently classified example) has a finite
-      # derivative of its norm (sqrt's is infinite at 0)
-      norms = jnp.where(squares > 0, jnp.sqrt(jnp.where(squares > 0, squares, 1.0)), 0.0)
-      f = jnp.where(mask, jnp.minimum(1.0, CLIP / jnp.maximum(norms, 1e-12)), 0.0)
+      g = jax.tree.leaves(clipped_grad_sum(params, xtr[idx], ytr[idx], mask, CLIP).grad_sum)
       noise_keys = jax.random.split(jax.random.fold_in(k, 1), len(g))
-      noisy = [(jnp.tensordot(f, v, 1) + s * CLIP * jax.random.normal(kk, v.shape[1:], jnp.float32))
-               / (q * n) for v, kk in zip(g, noise_keys)]
+      noisy = [(v + s * CLIP * jax.random.normal(kk, v.shape, jnp.float32)) / (q * n)
+               for v, kk in zip(g, noise_keys)]
       params = jax.tree.map(lambda p, d: p - lr * d, params, jax.tree.unflatten(treedef, noisy))
       return params, None
 
@@ -380,13 +369,10 @@ def main(argv=None):
         rdp_eps, pld_eps = realised_epsilons(sigma, q, steps)
         if not (rdp_eps <= eps and pld_eps <= eps):
           raise RuntimeError(f"{name} {method}: realised epsilon {rdp_eps}, {pld_eps} > {eps}")
-        best = None
-        for lr in lrs:
-          va, te, _ = run(keys, sigma, q, lr)
-          va, te = np.asarray(va, np.float64), np.asarray(te, np.float64)
-          if best is None or va.mean() > best["val"]:
-            best = {"lr": lr, "val": float(va.mean()), "val_seeds": va.tolist(),
-                    "test_seeds": te.tolist(), "test": float(te.mean())}
+        va, te, _ = (np.asarray(v, np.float64) for v in run(keys, sigma, q, lrs))
+        k = int(np.argmax(va.mean(axis=1)))   # the first of the best mean validation accuracies
+        best = {"lr": lrs[k], "val": float(va[k].mean()), "val_seeds": va[k].tolist(),
+                "test_seeds": te[k].tolist(), "test": float(te[k].mean())}
         best.update(sigma=sigma.tolist(), q=q.tolist(), epsilon_rdp=rdp_eps, epsilon_pld=pld_eps,
                     gradient_evaluations=float(np.sum(q) * (steps // PHASES) * task[0][0].shape[0]))
         if method != "constant":

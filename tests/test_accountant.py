@@ -248,3 +248,23 @@ def test_a_constant_step_rdp_keeps_the_rdp_kernel_out_of_the_step_graph():
   assert "cond" in str(computed)  # the kernel runs only when the segment changes
   out = accountant.step(state, (Q, SIGMA), fixed, orders=ORDERS)
   np.testing.assert_array_equal(np.asarray(out.step_rdp), fixed)
+
+
+def test_under_vmap_the_rdp_kernel_stays_a_branch_and_each_lane_keeps_its_segment():
+  # Training vmapped over runs with their own schedules batches θ, so whether it changed is
+  # batched: without care jax.vmap turns the lax.cond into a select that runs the RDP kernel
+  # at every step.
+  # The branch must stay a cond (run where some lane's θ changed), and each lane's result must
+  # be that lane's own run, also where lanes change θ at different steps.
+  qs = np.stack([SCHEDULE_Q, np.full(10, 0.01), SCHEDULE_Q[::-1]])
+  sigmas = np.stack([SCHEDULE_SIGMA, np.full(10, 2.0), SCHEDULE_SIGMA[::-1]])
+  init = jax.vmap(lambda _: accountant.init(ORDERS, 2))(jnp.arange(3))
+  batched = jax.vmap(_jitted)(init, jnp.asarray(qs), jnp.asarray(sigmas))
+  for lane in range(3):
+    alone = _eager(list(zip(qs[lane].tolist(), sigmas[lane].tolist())))
+    for a, b in zip(jax.tree.leaves(alone), jax.tree.leaves(batched)):
+      np.testing.assert_allclose(np.asarray(b)[lane], np.asarray(a), rtol=1e-13)
+  one_step = jax.make_jaxpr(jax.vmap(
+      lambda s, q, sigma: accountant.step(s, (q, sigma), _rdp_of_one_step, orders=ORDERS)))(
+          init, jnp.asarray(qs[:, 0]), jnp.asarray(sigmas[:, 0]))
+  assert "cond[" in str(one_step)

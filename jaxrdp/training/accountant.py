@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxrdp._internal import loops
 from jaxrdp._internal import validation
 
 StepRdp = Union[jax.typing.ArrayLike, Callable[..., jax.typing.ArrayLike]]
@@ -133,7 +134,8 @@ def step(state: RdpAccountantState, mechanism: Sequence[jax.typing.ArrayLike],
       to :func:`init`); cast to the accountant's dtype.
     step_rdp: :math:`\varepsilon_\theta` at ``orders``, the RDP of one step: an array (θ is
       constant: computed once, outside the step's graph), or a callable ``*θ -> array`` called
-      only when θ changes (a Python branch for concrete values, ``lax.cond`` under a trace).
+      only when θ changes (a Python branch for concrete values, ``lax.cond`` under a trace,
+      a branch also under ``jax.vmap``).
     orders: the orders ``step_rdp`` is given at. At orders where the state's differ (a state
       from another accountant), the new segment's RDP is NaN: that order is skipped by the
       conversion to ε, never given a wrong value.
@@ -164,9 +166,13 @@ def step(state: RdpAccountantState, mechanism: Sequence[jax.typing.ArrayLike],
     new_step_rdp = jnp.where(changed, jnp.asarray(step_rdp, dtype), state.step_rdp)
   elif validation.is_concrete((changed,)):  # eager use: no cond to compile
     new_step_rdp = jnp.asarray(step_rdp(*mechanism), dtype) if bool(changed) else state.step_rdp
-  else:
-    new_step_rdp = lax.cond(changed, lambda: jnp.asarray(step_rdp(*mechanism), dtype),
-                            lambda: state.step_rdp)
+  else:   # computed only when θ changes, also under jax.vmap over runs with their own
+    # schedules (θ batched): there the branch runs for the whole batch where any lane's θ
+    # changed (loops.any_lane), and every lane keeps its own segment's value unless its θ did.
+    new_step_rdp = lax.cond(
+        loops.any_lane(changed),
+        lambda: jnp.where(changed, jnp.asarray(step_rdp(*mechanism), dtype), state.step_rdp),
+        lambda: state.step_rdp)
   new_step_rdp = jnp.where(state.orders == orders, new_step_rdp, jnp.nan)
   close = changed | (state.segment_steps >= _MAX_SEGMENT_STEPS)
   steps = state.segment_steps.astype(dtype)
