@@ -60,7 +60,8 @@ from jaxrdp.accounting.conversion import composed_epsilons as _composed_epsilons
 from jaxrdp.accounting.long_schedules import (_BINNED_PHASES, _WINDOW_REFINE_STEPS,
                                               _binned_search)
 from jaxrdp.accounting.envelope import (_chain, _concrete_split, _contract, _envelope,
-                                        _epsilon_gradient, _masked, _prepare_gradient)
+                                        _epsilon_gradient, _masked, _prepare_gradient,
+                                        _rdp_and_derivatives)
 from jaxrdp.accounting.orders import DEFAULT_ORDERS
 
 REFINE_STEPS = 6   # the branch and bound's refinement steps of order_search.BATCH = 8 orders
@@ -445,20 +446,14 @@ _log_j_levels`), and one more step evaluates the optimal order found (a derivati
                            jnp.zeros(k + width, bool), grid, refine_steps, jnp, brackets)
     return _search_result(state, delta, jnp)[:2]
 
-  directions = [d for d, w in zip(((1.0, 0.0), (0.0, 1.0)), wanted or ()) if w]
+  directions = [i for i in (0, 1) if wanted and wanted[i]]
 
   def evaluate(alphas):   # ε at the row's orders; with ``wanted``, T·RDP and its derivatives
     if not directions:
       return values(alphas, 1), None, None
-    # One direction per copy of the phases (both: the phases twice, values and all).
-    copies = len(directions)
-    stack = lambda v: jnp.concatenate([v] * copies)
-    rdp_of = lambda q_, s_: composition.rdp_of_steps(q_, s_, stack(t), alphas, row_split(1), (),
-                                                     fallback=True)
-    one = lambda c: jnp.full(q.shape, c, q.dtype)
-    rdp, d_rdp = jax.jvp(rdp_of, (stack(q), stack(sigma)),
-                         tuple(jnp.concatenate([one(d[i]) for d in directions]) for i in (0, 1)))
-    rdp, d_rdp = rdp[:q.shape[0]], d_rdp.reshape((copies, q.shape[0]) + rdp.shape[1:])
+    rdp_of = lambda q_, s_, t_: composition.rdp_of_steps(q_, s_, t_, alphas, row_split(1), (),
+                                                         fallback=True)
+    rdp, d_rdp = _rdp_and_derivatives(rdp_of, q, sigma, t, wanted)
     return _composed_epsilons(alphas, rdp, delta), rdp, d_rdp
 
   def step(carry):
