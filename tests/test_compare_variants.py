@@ -10,23 +10,18 @@ example's advanced composition is checked against the Gaussian privacy profile (
 """
 
 import contextlib
-import importlib.util
 import io
-import pathlib
 
 import mpmath as mp
 import numpy as np
 import pytest
 
-EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "examples" / "compare_variants.py"
+from scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def example():
-  spec = importlib.util.spec_from_file_location("compare_variants", EXAMPLE)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_script("examples/compare_variants.py")
 
 
 @pytest.fixture(scope="module")

@@ -2,21 +2,17 @@
 needs tqdm, and matplotlib for the plot): σ calibrated by the PLD accountant is
 below σ by RDP at the same (ε, δ), and each run meets the target by its own accountant."""
 
-import importlib.util
 import math
-import pathlib
 
 import pytest
 
-EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "train_dpsgd_pld.py"
+from scripts import load_script
+
 TARGET = 1.0
 
 
 def _load():
-  spec = importlib.util.spec_from_file_location("train_dpsgd_pld", EXAMPLE)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_script("examples/train_dpsgd_pld.py")
 
 
 def test_pld_calibrates_less_noise_and_both_runs_meet_the_target(tmp_path, capsys):

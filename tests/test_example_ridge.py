@@ -1,23 +1,17 @@
 """Smoke test of examples/relative_gaussian_ridge.py at a tiny size."""
 
-import importlib.util
-import pathlib
-
 import numpy as np
 import pytest
 
 import jaxrdp
 from jaxrdp.mechanisms.relative_gaussian import rdp_relative_gaussian
 
-EXAMPLE = pathlib.Path(__file__).parent.parent / "examples" / "relative_gaussian_ridge.py"
+from scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def example():
-  spec = importlib.util.spec_from_file_location("relative_gaussian_ridge", EXAMPLE)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_script("examples/relative_gaussian_ridge.py")
 
 
 def test_example_runs_and_writes_the_plot(example, tmp_path, capsys):

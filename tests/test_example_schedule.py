@@ -2,9 +2,6 @@
 benchmarks/schedule_design.py): equal to per-example clipping, the transform's own
 (``jaxrdp``'s ``clip_and_sum`` of ``jax.vmap(jax.grad(loss))``), to float32 rounding."""
 
-import importlib.util
-import pathlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,14 +9,11 @@ import pytest
 
 from jaxrdp.training.microbatch import clip_and_sum
 
-EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "optimize_schedule.py"
+from scripts import load_script
 
 
 def _load():
-  spec = importlib.util.spec_from_file_location("optimize_schedule", EXAMPLE)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_script("examples/optimize_schedule.py")
 
 
 @pytest.mark.parametrize("sizes", [(64, 32, 10), (30, 2)])

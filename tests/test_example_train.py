@@ -1,17 +1,12 @@
 """Smoke run of examples/train_dpsgd.py at a tiny size (1 epoch of 3 steps; needs tqdm)."""
 
-import importlib.util
 import math
-import pathlib
 
-EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "train_dpsgd.py"
+from scripts import load_script
 
 
 def _load():
-  spec = importlib.util.spec_from_file_location("train_dpsgd", EXAMPLE)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_script("examples/train_dpsgd.py")
 
 
 def test_example_trains_one_tiny_epoch_and_reports_epsilon(capsys):

@@ -7,7 +7,6 @@ which run it came from (command, UTC date, machine, versions).
 """
 
 import datetime
-import importlib.util
 import json
 import pathlib
 import shutil
@@ -16,17 +15,15 @@ import sys
 
 import pytest
 
+from scripts import load_script
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 JSONS = sorted(RESULTS.glob("*.json")) + sorted(RESULTS.glob("gpu/*.json"))
 
 
 def _generator():
-  spec = importlib.util.spec_from_file_location("performance_page",
-                                                ROOT / "tools" / "performance_page.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_script("tools/performance_page.py")
 
 
 def test_page_matches_the_benchmarks_json():
