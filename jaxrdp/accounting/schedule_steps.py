@@ -1,11 +1,13 @@
 r"""The iterations of :func:`jaxrdp.optimize_schedule`: one step, and the whole design in a graph.
 
-A step (:func:`step_function`) moves the scale u onto the budget's boundary by one Newton step
-in u on :math:`h(u, \theta) = \log\varepsilon(e^{u}\tilde\sigma) - \log\varepsilon^\star`, then
-takes the optimiser's step on the utility's total derivative along the boundary (the
+A step (:func:`step_function`, made of the parts of :func:`step_parts`) moves the scale u onto
+the budget's boundary by one Newton step in u on
+:math:`h(u, \theta) = \log\varepsilon(e^{u}\tilde\sigma) - \log\varepsilon^\star`, then takes
+the optimiser's step on the utility's total derivative along the boundary (the
 implicit-function theorem, :math:`du/d\theta = -h_\theta / h_u`). The host driver in
-:mod:`jaxrdp.accounting.schedules` calls it once per iteration, compiled; :func:`design_in_graph`
-runs the same step in a ``lax.scan`` and the safe re-scaling in the calibrations' root finder
+:mod:`jaxrdp.accounting.schedules` calls the parts once per iteration (ε and its gradient
+eagerly, the rest compiled); :func:`design_in_graph` runs the composed step in a ``lax.scan``
+and the safe re-scaling in the calibrations' root finder
 (:func:`jaxrdp.accounting.roots._safe_boundary`), so that the whole design is one JAX function:
 it runs inside a user's ``jax.jit``, with traced budgets, schedules and keys.
 """
@@ -73,25 +75,41 @@ def parametrisation(theta0, q0, t, design, family="phases", degree=2):
   return shape, unpack
 
 
-def step_function(utility, optimizer, unpack, epsilon):
-  """``step(shape, u, opt_state, log_target, key, pld_grid=None, learn=True)`` ->
-  ((shape, u, opt_state, utility), whether ε was finite): one iteration on the shape
-  (:func:`parametrisation`, whose ``unpack`` gives θ and q). ``epsilon`` is the budget's
-  accountant (:func:`jaxrdp.accounting.schedules._epsilon_of`), read at the grid orders (RDP)
-  or on ``pld_grid`` (PLD). ``learn`` false (a traced bool): the Newton step only, the shape
-  and the optimiser's state kept."""
-  def log_eps(u, shape, pld_grid):
+def step_parts(utility, optimizer, unpack, epsilon, moves_q=True):
+  """One iteration on the shape (:func:`parametrisation`, whose ``unpack`` gives θ and q) in
+  three parts, ``(at, boundary, advance)``:
+
+  * ``at(shape, u)`` -> (σ, q) = (e^{u + θ}, q) of the iterate;
+  * ``boundary(σ, q, pld_grid)`` -> (h, (∂h/∂σ, ∂h/∂q)) with h = log ε(q, σ), ``epsilon`` the
+    budget's accountant (:func:`jaxrdp.accounting.schedules._epsilon_of`) read at the grid
+    orders (RDP) or on ``pld_grid`` (PLD); ∂h/∂q is zero unless ``moves_q``;
+  * ``advance(shape, u, opt_state, log_target, key, h, h_sigma, h_q, learn=True)`` ->
+    ((shape, u, opt_state, utility), whether ε was finite): the Newton step onto the boundary
+    and the optimiser's step, ∂h/∂u and ∂h/∂shape by the chain rule through ``at``. ``learn``
+    false (a traced bool): the Newton step only, the shape and the optimiser's state kept.
+
+  :func:`step_function` composes them into one traced step; the host driver of
+  :func:`jaxrdp.optimize_schedule` calls ``boundary`` eagerly (the accountant's own compiled
+  programs, kept across calls) and compiles only ``at`` and ``advance``."""
+  def at(shape, u):
     theta, q = unpack(shape)
-    return jnp.log(epsilon(q, jnp.exp(u + theta), refine=False, pld_grid=pld_grid))
-  h_grad = jax.value_and_grad(log_eps, argnums=(0, 1))
+    return jnp.exp(u + theta), q
+
+  log_eps = lambda sigma, q, pld_grid: jnp.log(epsilon(q, sigma, refine=False, pld_grid=pld_grid))
+  if moves_q:
+    boundary = jax.value_and_grad(log_eps, argnums=(0, 1))
+  else:
+    def boundary(sigma, q, pld_grid):
+      h, h_sigma = jax.value_and_grad(log_eps)(sigma, q, pld_grid)
+      return h, (h_sigma, jnp.zeros_like(q))
 
   def utility_at(sigma, q, key):
     return utility(sigma, q) if key is None else utility(sigma, q, key)
-  u_grad = jax.grad(lambda u, shape, key: utility_at(jnp.exp(u + unpack(shape)[0]),
-                                                     unpack(shape)[1], key), argnums=(0, 1))
+  u_grad = jax.grad(lambda u, shape, key: utility_at(*at(shape, u), key), argnums=(0, 1))
 
-  def step(shape, u, opt_state, log_target, key, pld_grid=None, learn=True):
-    h, (h_u, h_shape) = h_grad(u, shape, pld_grid)
+  def advance(shape, u, opt_state, log_target, key, h, h_sigma, h_q, learn=True):
+    _, pullback = jax.vjp(at, shape, u)
+    h_shape, h_u = pullback((h_sigma, h_q))
     h_u = jnp.where(h_u < 0, h_u, -1.0)   # ε strictly decreases in the scale
     # Newton step onto the boundary, damped to a factor e^2 in σ; where ε is infinite or NaN
     # (a coarse order grid, tiny σ, a PLD grid too small) there is no Newton step: more
@@ -108,8 +126,19 @@ def step_function(utility, optimizer, unpack, epsilon):
     if learn is not True:
       keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(learn, a, b), new, old)
       new_shape, new_state = keep(new_shape, shape), keep(new_state, opt_state)
-    theta, q = unpack(new_shape)
-    return (new_shape, u, new_state, utility_at(jnp.exp(u + theta), q, key)), jnp.isfinite(h)
+    return (new_shape, u, new_state, utility_at(*at(new_shape, u), key)), jnp.isfinite(h)
+  return at, boundary, advance
+
+
+def step_function(utility, optimizer, unpack, epsilon, moves_q=True):
+  """``step(shape, u, opt_state, log_target, key, pld_grid=None, learn=True)`` ->
+  ((shape, u, opt_state, utility), whether ε was finite): :func:`step_parts` composed into one
+  iteration (traced as one function)."""
+  at, boundary, advance = step_parts(utility, optimizer, unpack, epsilon, moves_q)
+
+  def step(shape, u, opt_state, log_target, key, pld_grid=None, learn=True):
+    h, (h_sigma, h_q) = boundary(*at(shape, u), pld_grid)
+    return advance(shape, u, opt_state, log_target, key, h, h_sigma, h_q, learn)
   return step
 
 
@@ -141,7 +170,7 @@ def design_in_graph(utility, optimizer, shape, unpack, epsilon, target, num_iter
   driver compiles, with key ``fold_in(key, i)`` at iteration i), and the safe re-scaling of the
   result (:func:`safe_scale_in_graph`). ``callback(iteration, utility)`` is called from the
   graph (``jax.debug.callback``) after each iteration."""
-  step = step_function(utility, optimizer, unpack, epsilon)
+  step = step_function(utility, optimizer, unpack, epsilon, moves_q=shape[1] is not None)
   theta0 = unpack(shape)[0]
   dtype = theta0.dtype
   log_target = jnp.log(jnp.asarray(target, dtype))

@@ -41,8 +41,8 @@ from jaxrdp._internal import validation
 from jaxrdp.accounting import pld
 from jaxrdp.accounting.dpsgd import dpsgd_epsilon_unchecked, order_grid, schedule_phases
 from jaxrdp.accounting.epsilon import use_pld
-from jaxrdp.accounting.schedule_steps import (FAMILIES, design_in_graph, parametrisation,
-                                              step_function)
+from jaxrdp.accounting import schedule_steps
+from jaxrdp.accounting.schedule_steps import FAMILIES, design_in_graph, parametrisation
 
 _PROJECTION_STEPS = 60   # at most this many evaluations of the final safe re-scaling
 DESIGNS = ("noise_multiplier", "sampling_rate", "both")
@@ -201,7 +201,7 @@ design_in_graph`): the same step in a ``lax.scan`` (after five Newton steps onto
   # Start on the boundary: solve for the scale of the initial shape exactly.
   theta, q = unpack(shape)
   u = _safe_scale(theta, jnp.zeros((), dtype), q, epsilon, target_epsilon, t, by_pld)
-  step = _make_step(utility, optimizer, unpack, epsilon, t, by_pld)
+  step = _make_step(utility, optimizer, unpack, epsilon, t, by_pld, shape[1] is not None)
   opt_state = optimizer.init(shape)
   history = []
   for iteration in range(1, int(num_iterations) + 1):
@@ -285,31 +285,31 @@ def _epsilon_of(by_pld, t, delta, grid):
 _PLD_MARGIN = 0.8   # the iterations' PLD grid is sized for σ this many times the iterate's
 
 
-def _make_step(utility, optimizer, unpack, epsilon, t, by_pld):
-  """One iteration on the shape (:func:`schedule_steps.step_function`) as one compiled
-  program. With the PLD its grid's static sizes are those of the iterate with σ scaled by
-  _PLD_MARGIN, kept while every iterate's ε is finite on them and sized again otherwise (the
-  result's ε is the PLD sized from its own values: the grid only serves the iterations)."""
-  # A plain jax.jit, XLA's default options: the step holds the user's utility, whose cost
-  # jaxrdp cannot know (a training run differentiated through compiles a little faster with
-  # the dispatch layer's options and runs many times slower).
-  compiled = jax.jit(step_function(utility, optimizer, unpack, epsilon),
-                     static_argnames=("pld_grid",))
-
-  if not by_pld:
-    return lambda *args: compiled(*args)[0]
+def _make_step(utility, optimizer, unpack, epsilon, t, by_pld, moves_q):
+  """One iteration on the shape (:func:`schedule_steps.step_parts`): ε and its gradient in
+  (σ, q) taken eagerly, so that they run the accountant's own compiled programs (compiled with
+  the dispatch layer's options, and kept across iterations and calls of the same shapes); the
+  scale's Newton step and the optimiser's step compiled as a plain ``jax.jit`` with XLA's
+  default options (it holds the user's utility, whose cost jaxrdp cannot know: a training run
+  differentiated through compiles a little faster with the dispatch layer's options and runs
+  many times slower). With the PLD the grid's static sizes are those of the iterate with σ
+  scaled by _PLD_MARGIN, kept while every iterate's ε is finite on them and sized again
+  otherwise (the result's ε is the PLD sized from its own values: the grid only serves the
+  iterations)."""
+  at, boundary, advance = schedule_steps.step_parts(utility, optimizer, unpack, epsilon, moves_q)
+  at, advance = jax.jit(at), jax.jit(advance)
   sized = {}
 
   def step(shape, u, opt_state, log_target, key):
-    theta, q = unpack(shape)
+    sigma, q = at(shape, u)
     for _ in range(2):   # a grid too small for this iterate (ε = inf on it): size it again
-      if "grid" not in sized:
-        sized["grid"] = pld.pld_grid(q, _PLD_MARGIN * jnp.exp(u + theta), t)
-      out, finite = compiled(shape, u, opt_state, log_target, key, pld_grid=sized["grid"])
-      if bool(finite):
+      if by_pld and "grid" not in sized:
+        sized["grid"] = pld.pld_grid(q, _PLD_MARGIN * sigma, t)
+      h, (h_sigma, h_q) = boundary(sigma, q, sized.get("grid"))
+      if not by_pld or bool(jnp.isfinite(h)):
         break
       sized.pop("grid")
-    return out
+    return advance(shape, u, opt_state, log_target, key, h, h_sigma, h_q)[0]
   return step
 
 
