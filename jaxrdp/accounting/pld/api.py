@@ -170,4 +170,6 @@ def _evaluate(kernel, sampling_rate, noise_multiplier, steps, name, value, given
   grid = grid_of(q, sigma, t, given_grid, value if name == "delta" else None)
   value = validation.to_device(value, np.float64)
   result = kernel(q, sigma, t, value, grid)
+  if validation.is_concrete((q, sigma, t, value)):   # checked above: raised where invalid
+    return result
   return jnp.where(_valid(q, sigma, t, value, name), result, jnp.nan)

@@ -75,11 +75,17 @@ class Lattice(NamedTuple):
   bins: int
 
 
+@jax.jit
+def _factors(interval):
+  below_top = (_BLOCK - 1 - np.arange(_BLOCK)) * interval
+  return jnp.exp(-below_top[:, None] * jnp.asarray(_LAMBDAS))
+
+
 @functools.lru_cache(maxsize=64)
 def _interval_values(interval: float, tail_mass: float) -> tuple:
   with jax.ensure_compile_time_eval():   # evaluated now, also when called inside a trace
-    below_top = (_BLOCK - 1 - jnp.arange(_BLOCK)) * interval
-    factors = np.asarray(jnp.exp(-below_top[:, None] * jnp.asarray(_LAMBDAS)), np.float64)
+    # (one compiled program, not one per operation)
+    factors = np.array(_factors(np.float64(interval)), np.float64)
   factors.flags.writeable = False
   scalars = (interval, math.log(tail_mass), math.exp(-interval), -math.expm1(-interval))
   return tuple(np.float64(v) for v in scalars) + (factors,)
