@@ -141,7 +141,11 @@ def make_trainer(train, val, test):
     max_batch = max(room, jaxrdp.poisson_max_batch_size(n, float(np.max(qs))))
     if max_batch not in compiled:
       per_key = jax.vmap(lambda k, s, q, lr: run(k, s, q, lr, max_batch), (0, None, None, None))
-      compiled[max_batch] = jax.jit(jax.vmap(per_key, (None, None, None, 0)))
+      # A short run, whose first call (mostly compilation) is most of the wait: compiled with
+      # jaxrdp's CPU options (about 3 s less here; a long training run would rather keep
+      # XLA's defaults, which run large arrays faster).
+      compiled[max_batch] = jax.jit(jax.vmap(per_key, (None, None, None, 0)),
+                                    compiler_options=jaxrdp.compiler_options())
     va, te = compiled[max_batch](keys, jnp.asarray(sigmas), jnp.asarray(qs), jnp.asarray(lrs))
     return np.asarray(va, np.float64), np.asarray(te, np.float64)
   return train_all
