@@ -68,7 +68,8 @@ def log_a_reference_float32():
 
 
 # The files whose tests take longest in all (summed per file from --junitxml on the 2-core CI
-# machine), run first: each worker runs one file at a time, and a long file started last
+# machine; tools/suite_profile.py also splits each file's time into XLA compilation, lowering,
+# tracing and the rest), run first: each worker runs one file at a time, and a long file started last
 # keeps one core busy after the other has finished (longest first is the classic remedy).
 # Files not named keep their order, after these.
 _LONGEST_FIRST = ("test_sampled_gaussian", "test_bad_input", "test_integer_orders",

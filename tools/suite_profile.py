@@ -100,6 +100,7 @@ def pytest_sessionfinish(session):
 def report(directory: pathlib.Path, top: int = 25) -> str:
   """The report of the records in ``directory`` (one JSON file per process)."""
   workers = {p.stem: json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))}
+  workers = {k: v for k, v in workers.items() if v}   # (xdist's controller runs no test)
   if not workers:
     return f"no records in {directory}"
   per_test = collections.defaultdict(collections.Counter)
@@ -137,9 +138,11 @@ def report(directory: pathlib.Path, top: int = 25) -> str:
 
   def table(rows, title):
     lines.append("")
-    lines.append(f"{title:60s} {'wall':>7s} {'compile':>8s} {'lower':>6s} {'trace':>6s}")
+    lines.append(f"{title:72s} {'wall':>7s} {'compile':>8s} {'lower':>6s} {'trace':>6s}")
     for name, c in rows[:top]:
-      lines.append(f"{name[:60]:60s} {c['wall']:7.1f} {c['compile']:8.1f} {c['lower']:6.1f} "
+      name = name.removeprefix("tests/")
+      name = name if len(name) <= 72 else name[:34] + "…" + name[-37:]
+      lines.append(f"{name:72s} {c['wall']:7.1f} {c['compile']:8.1f} {c['lower']:6.1f} "
                    f"{c['trace']:6.1f}")
 
   per_file = collections.defaultdict(collections.Counter)
