@@ -1,7 +1,8 @@
 """Pieces that several parts of the sampled-Gaussian kernel share.
 
 Elementwise helpers (double-where selects, the exponent floor, log-sum-exp, a stable
-softplus, log exprel on t <= 0, exact powers of two), the constants of the integrand that the
+softplus, log exprel on t <= 0, exact powers of two), the refinement loops' compaction
+(:func:`_first_pending`), the constants of the integrand that the
 per-order and the shared-node quadratures both use (its series, the windows' half-width),
 row blocks that bound working memory (:func:`_in_row_blocks`), selects that XLA computes as
 one kernel (:func:`_select_columns`), and the placeholder primal of the kernels that have a
@@ -17,6 +18,7 @@ import threading
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 
 from jaxrdp._internal import compilation
@@ -51,6 +53,26 @@ def _log_exprel_nonpositive(t):
   direct = t < -1e-4
   t_safe = _where(direct, t, -1.0)
   return _where(direct, jnp.log(jnp.expm1(t_safe) / t_safe), t * (0.5 + t / 24))
+
+
+def _first_pending(pending, count):
+  """The positions of the first ``count`` true entries of the 1-D boolean ``pending``, in
+  ascending order, then n = ``pending.shape[0]`` where fewer are true: an index that a scatter
+  with ``mode="drop"`` drops and a gather must clip. The refinement loops' compaction (each
+  step takes a batch of the entries still pending).
+
+  The ``count`` largest of the keys n − i over the true entries i (0 elsewhere): ``lax.top_k``
+  of float32 keys, exact below 2^24 entries, runs XLA's partial-sort routine on CPUs (0.08 ms
+  at 10^4 entries, batches of 512), where a stable sort of the positions took 1.1 ms (a
+  quarter of a 10^4-row kernel's run time) and ``jnp.nonzero`` (a running count and a
+  scatter) compiles into ~10x the kernels. From 2^24 entries on, the stable sort."""
+  n = pending.shape[0]
+  if n >= 1 << 24:
+    return jnp.where(jnp.arange(count) < jnp.sum(pending), lax.sort(
+        (~pending, jnp.arange(n, dtype=np.int32)), num_keys=1, is_stable=True)[1][:count], n)
+  # The positions are a NumPy constant (an iota would be a kernel of its own in a loop).
+  keys = _where(pending, (n - np.arange(n)).astype(np.float32), np.float32(0))
+  return n - lax.top_k(keys, count)[0].astype(np.int32)
 
 
 def _softplus(x):

@@ -22,8 +22,8 @@ import numpy as np
 from jaxrdp._internal import compilation
 from jaxrdp._internal import loops
 from jaxrdp._internal import validation
-from jaxrdp.mechanisms.sampled_gaussian.common import (_placeholder_primal, _rule_only_when_batched,
-                                                       _where)
+from jaxrdp.mechanisms.sampled_gaussian.common import (_first_pending, _placeholder_primal,
+                                                       _rule_only_when_batched, _where)
 from jaxrdp.mechanisms.sampled_gaussian.integer_orders import _integer_orders, _pair_constants
 from jaxrdp.mechanisms.sampled_gaussian.order_split import order_split, order_tables
 from jaxrdp.mechanisms.sampled_gaussian.quadrature import _KERNEL, _log_j
@@ -183,7 +183,7 @@ def _quadrature_values(q, sigma, alphas, groups, fallback):
 
   def body(state):
     log_j, pending = state
-    idx = jnp.nonzero(pending, size=batch, fill_value=size)[0]
+    idx = _first_pending(pending, batch)   # the first pending elements; size after them
     take = jnp.minimum(idx, size - 1)
     value = _KERNEL(q_all[take], s_all[take], a_all[take])
     return log_j.at[idx].set(value, mode="drop"), pending.at[idx].set(False, mode="drop")

@@ -39,7 +39,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxrdp._internal import loops
-from jaxrdp.mechanisms.sampled_gaussian.common import (_LOG_HALF, _in_row_blocks, _logsumexp,
+from jaxrdp.mechanisms.sampled_gaussian.common import (_LOG_HALF, _first_pending, _in_row_blocks,
+                                                       _logsumexp,
                                                        _placeholder_primal, _pow2,
                                                        _rule_only_when_batched, _softplus, _where)
 from jaxrdp.mechanisms.sampled_gaussian.integrand import _integrand, _placement, _relative_to
@@ -223,10 +224,8 @@ def _refine(place, q, sigma, alpha, log_t, d_t, edge, failed, total_coarse, with
 
   def body(state):
     packed, pending = state
-    # Pending elements first (a stable sort is cheaper to compile than jnp.nonzero).
-    idx = jnp.argsort(~pending, stable=True)[:batch]
-    valid = pending[idx]
-    rows = packed[idx]
+    idx = _first_pending(pending, batch)   # the first pending elements; size after them
+    rows = packed[jnp.minimum(idx, size - 1)]
     a0_, a1_, b0_, b1_, m_ref_, q_, s_, a_, edge_, level, block, failed_, older = (
         rows[:, i] for i in range(13))
     old, acc = rows[:, 13:15], rows[:, 15:17]
@@ -260,7 +259,7 @@ def _refine(place, q, sigma, alpha, log_t, d_t, edge, failed, total_coarse, with
     if n_grad:
       out += [_where(col, d_new.reshape(-1, 6), d_old.reshape(-1, 6)),
               _where(col, 0.0, d_acc.reshape(-1, 6))]
-    write = _where(valid, idx, size)  # out-of-range writes are dropped
+    write = idx   # size where not valid: out-of-range writes are dropped
     packed = packed.at[write].set(jnp.concatenate(out, axis=-1), mode="drop")
     return packed, pending.at[write].set(~done, mode="drop")
 

@@ -17,7 +17,8 @@ from jax import lax
 import numpy as np
 
 from jaxrdp._internal import loops
-from jaxrdp.mechanisms.sampled_gaussian.common import _LOG_HALF, _exp_floor, _select_columns, _where
+from jaxrdp.mechanisms.sampled_gaussian.common import (_LOG_HALF, _exp_floor, _first_pending,
+                                                       _select_columns, _where)
 from jaxrdp.mechanisms.sampled_gaussian.quadrature import _assess
 from jaxrdp.mechanisms.sampled_gaussian.shared_nodes import (_SHARED_INTERVALS, _grid_nodes,
                                                              _grid_terms, _reference_power,
@@ -146,19 +147,12 @@ def _log_j_levels(q, sigma, orders, tangents=None):
   cell = lambda m, k: m[:, n_counters + k * g:n_counters + (k + 1) * g]   # k-th per-order block
 
   compact = r > cap   # otherwise every row is in every step (no gather, no scatter)
-  assert r < 1 << 24, r   # the compaction's float32 row keys are exact (_level_block_rows)
 
   def body(carry):
     packed, left = carry
     pending = packed[:, -1] > 0
     if compact:
-      # The first ``cap`` pending rows, in row order: the ``cap`` largest of r - i over the
-      # pending rows i (0 for the others; float32 keys, exact below 2^24 rows, take XLA's
-      # partial-sort routine on CPU: a stable sort of the row numbers took a quarter of the run
-      # time at 10^4 rows, a running count and a scatter compile into 4x the kernels). Slots
-      # left over hold r. The row numbers are constants (an iota would be a kernel of its own).
-      keys = _where(pending, (r - np.arange(r)).astype(np.float32), np.float32(0))
-      order = r - lax.top_k(keys, cap)[0].astype(np.int32)
+      order = _first_pending(pending, cap)   # the first cap pending rows; r after them
       valid = order < r
       rows = packed[jnp.minimum(order, r - 1)]
       idx = order   # r where not valid: the write back drops it
