@@ -303,3 +303,23 @@ def test_log_a_convex_in_alpha(q, sigma, alpha, step):
   # (alpha - 1) RDP(alpha) = log A_alpha is convex in alpha (a cumulant generating function).
   lo, mid, hi = np.asarray(jaxrdp.log_a(q, sigma, [alpha, alpha + step, alpha + 2 * step]))
   assert mid <= 0.5 * (lo + hi) + 1e-12 * hi
+
+
+@pytest.mark.parametrize("path", ["top_k", "sort"])
+def test_first_pending_takes_the_first_pending_entries_in_order(monkeypatch, path):
+  # The refinement loops' compaction: the positions of the first `count` true entries,
+  # ascending, then n; the float32 top-k keys and (from _TOP_K_ENTRIES entries on) the sort.
+  from jaxrdp.mechanisms.sampled_gaussian import common
+  if path == "sort":
+    monkeypatch.setattr(common, "_TOP_K_ENTRIES", 1)
+  rng = np.random.default_rng(7)
+  cases = [rng.random(1000) < p for p in (0.0, 0.003, 0.3, 1.0)] + [np.arange(600) % 7 == 3]
+  # A function of its own per path: jax.jit's cache would otherwise keep the first path's trace.
+  first = jax.jit(lambda p, c: common._first_pending(p, c), static_argnums=1)
+  for pending in cases:
+    n = pending.size
+    for count in (1, 5, 64, 256):
+      expected = np.full(count, n)
+      found = np.flatnonzero(pending)[:count]
+      expected[:found.size] = found
+      np.testing.assert_array_equal(np.asarray(first(jnp.asarray(pending), count)), expected)

@@ -29,6 +29,7 @@ _SERIES_TERMS = 16        # Taylor terms of (1+x)^a - 1 - a x around x = 0 ...
 _SERIES_RADIUS = 0.1      # ... used for |x| <= min(0.1, 1/(2 alpha)): terms shrink by >= 10x
 _HALF_WIDTH = 11.0        # window half-width in local standard deviations (e^{-60})
 _LOG_HALF = math.log(0.5)
+_TOP_K_ENTRIES = 1 << 24   # _first_pending's float32 keys are exact below this many entries
 
 
 _where = numerics.select
@@ -67,7 +68,7 @@ def _first_pending(pending, count):
   quarter of a 10^4-row kernel's run time) and ``jnp.nonzero`` (a running count and a
   scatter) compiles into ~10x the kernels. From 2^24 entries on, the stable sort."""
   n = pending.shape[0]
-  if n >= 1 << 24:
+  if n >= _TOP_K_ENTRIES:
     return jnp.where(jnp.arange(count) < jnp.sum(pending), lax.sort(
         (~pending, jnp.arange(n, dtype=np.int32)), num_keys=1, is_stable=True)[1][:count], n)
   # The positions are a NumPy constant (an iota would be a kernel of its own in a loop).
