@@ -358,9 +358,12 @@ def _composed(q, sigma, t, grid, *, delta=None, epsilon=None):
   # of the two; the second tilt is composed only where some direction needs it (one trace of
   # the composition either way: a loop of two, the second pass a lax.cond whose predicate,
   # under vmap, is any lane's; a lane that did not ask composes its first tilt again).
+  # Differentiated, each pass is recomputed in the reverse pass (jax.checkpoint) rather than
+  # stacking its ~180 intermediate arrays per pass through the loop: jax.grad of a 1,000-step
+  # ε 100 -> 52 ms warm, its program 563 -> 299 kernels (compiled in 3.2 s instead of 4.0 s).
   def smaller(best, tilt_and_needed):
     tilt, needed = tilt_and_needed
-    mass = lax.cond(loops.any_lane(needed), composed_at,
+    mass = lax.cond(loops.any_lane(needed), jax.checkpoint(composed_at),
                     lambda _: jnp.full_like(best, jnp.inf), tilt)
     return jnp.minimum(best, mass), None
   needed = jnp.stack([jnp.bool_(True), both])
