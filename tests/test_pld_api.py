@@ -155,7 +155,7 @@ def test_many_phases_are_composed_in_chunks_with_the_same_value_and_gradient(mon
   values, sizes = discretisation.lattice(grid)
   epsilon = readout._pld_epsilon.__wrapped__   # the kernel itself: traced afresh below
   run = lambda: jax.jit(jax.value_and_grad(   # a new function: a new trace, no cached one
-      lambda s: epsilon(q, s, steps, jnp.float64(DELTA), values, sizes)))(sigma)
+      lambda s: epsilon(q, s, steps, jnp.float64(DELTA), values, sizes=sizes)))(sigma)
   whole, whole_grad = run()
   monkeypatch.setattr(convolution, "MAX_ELEMENTS", 2 * 2 * max(grid.bins, grid.pmf_bins))
   assert convolution._phase_chunk(grid) == 2
@@ -200,7 +200,8 @@ def test_grids_of_the_same_sizes_run_one_program_whatever_their_interval_and_tai
   first = float(jax.jit(lambda s_: jaxrdp.pld_epsilon(0.05, s_, 300, 1e-6, pld_grid=other))(2.0))
   q, s, t = (np.array([v], np.float64) for v in (0.05, 2.0, 300.0))
   for program in (readout._pld_epsilon, readout._pld_delta):
-    jaxprs = [str(program.trace(q, s, t, np.float64(1e-6), *discretisation.lattice(g)).jaxpr)
+    jaxprs = [str(program.trace(q, s, t, np.float64(1e-6), discretisation.lattice(g)[0],
+                                sizes=discretisation.lattice(g)[1]).jaxpr)
               for g in (grid, other)]
     assert jaxprs[0] == jaxprs[1]
   before = len(readout._pld_epsilon.executables)

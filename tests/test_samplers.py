@@ -191,10 +191,10 @@ def test_the_samplers_own_relation_may_be_stated(sampling):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(sampling="uniform"), r"sampling must be one of \('poisson', 'fixed', 'shuffle'\), got 'uniform'"),
+    (dict(sampling="uniform"), r"sampling must be one of \('poisson', 'truncated_poisson', 'fixed', 'shuffle'\), got 'uniform'"),
     (dict(neighboring="substitute"), "neighboring must be one of"),
     (dict(sampling="shuffle"), "sampling='shuffle' needs dataset_size"),
-    (dict(sampling="fixed", dataset_size=1000), "dataset_size applies to sampling='shuffle' only"),
+    (dict(sampling="fixed", dataset_size=1000), "dataset_size applies to sampling='shuffle' and 'truncated_poisson' only"),
     (dict(sampling="fixed", accountant="pld"), "accountant='pld' does not account sampling='fixed'"),
     (dict(sampling="shuffle", dataset_size=1001), r"whole number of examples.*0\.01 \* 1001"),
     (dict(sampling="shuffle", dataset_size=0), r"dataset_size must lie in \[1, inf\]; got 0"),

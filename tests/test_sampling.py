@@ -4,6 +4,8 @@ References: exact binomial tails summed in mpmath (50 digits) and scipy.stats.bi
 sampler is tested against its distribution with stated false-failure rates.
 """
 
+import collections
+import itertools
 import math
 
 import jax
@@ -109,14 +111,51 @@ def test_rate_is_rounded_down_never_up():
   assert not mask.any()
 
 
-def test_overflow_is_refused_unless_accepted_and_then_truncates_to_the_smallest_indices():
+def test_overflow_is_refused_unless_accepted_and_then_keeps_selected_examples():
   key = jax.random.key(3)
-  with pytest.raises(ValueError, match="max_batch_size >= "):
+  with pytest.raises(ValueError, match="sampling='truncated_poisson'"):
     poisson_sample(key, 1000, 0.5, 400)
   full_idx, full_mask = poisson_sample(key, 1000, 0.5, 1000)
   idx, mask = poisson_sample(key, 1000, 0.5, 10, max_overflow_probability=1.0)
-  assert np.asarray(mask).all()
-  np.testing.assert_array_equal(np.asarray(idx), np.asarray(full_idx)[:10])
+  assert np.asarray(mask).all() and len(set(np.asarray(idx).tolist())) == 10
+  selected = set(np.asarray(full_idx)[np.asarray(full_mask)].tolist())
+  assert set(np.asarray(idx).tolist()) <= selected
+
+
+@pytest.mark.parametrize("n, q, m", [(6, 0.7, 3), (5, 1.0, 2), (70_000, 2e-4, 2)])
+def test_overflowing_batches_are_cut_uniformly(n, q, m):
+  # The kept set has the law of truncated Poisson sampling, which its tight account assumes:
+  # P(S) = Σ_{A ⊇ S} P(A selected)·(1{A = S} if |A| ≤ m else 1/C(|A|, m)). Exactly, by
+  # enumeration, for 6 and 5 examples (χ² over every kept set, 1e-6 level); over two chunks
+  # of 65,536 examples (about 14 selected, 2 kept), the kept indices uniform over the dataset
+  # (χ² of 7 bins of 10,000 examples, both slots).
+  draws = 20_000 if n < 100 else 2_000
+  keys = jax.random.split(jax.random.key(11), draws)
+  q_drawn = math.floor(min(q, float(np.float32(q))) * 2**32) / 2**32 if q < 1 else 1.0
+  idx, mask = jax.vmap(lambda k: poisson_sample(k, n, q, m, max_overflow_probability=1.0))(keys)
+  idx, mask = np.asarray(idx), np.asarray(mask)
+  if n >= 100:
+    assert mask.all()
+    assert np.all(idx[:, 0] != idx[:, 1])
+    counts = np.bincount(idx.ravel() // 10_000, minlength=7)
+    expected = np.full(7, idx.size / 7)
+    assert np.sum((counts - expected) ** 2 / expected) < stats.chi2.isf(1e-6, 6)
+    return
+  sets = [frozenset(row[keep].tolist()) for row, keep in zip(idx, mask)]
+  law = collections.Counter()
+  for size in range(n + 1):
+    for chosen in itertools.combinations(range(n), size):
+      p = q_drawn**size * (1 - q_drawn) ** (n - size)
+      if size <= m:
+        law[frozenset(chosen)] += p
+      else:
+        for kept in itertools.combinations(chosen, m):
+          law[frozenset(kept)] += p / math.comb(size, m)
+  observed = collections.Counter(sets)
+  assert set(observed) <= set(law)
+  support = [s for s in law if law[s] * draws > 5]
+  chi2 = sum((observed[s] - draws * law[s]) ** 2 / (draws * law[s]) for s in support)
+  assert chi2 < stats.chi2.isf(1e-6, len(support) - 1)
 
 
 def test_one_compilation_for_any_traced_rate():

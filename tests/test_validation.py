@@ -75,7 +75,7 @@ TABLE_FILE = PACKAGE / "_internal" / "domains.py"
 # Keywords that write a range by hand. The checkers of a Python int that fixes a shape or a loop
 # count (TypeError for a float) are not table-driven and take their bounds at the call.
 RANGE_KEYWORDS = {"lo", "hi", "lo_open", "hi_open", "allow_inf", "allow_nan"}
-INT_CHECKERS = {"check_int", "_check_count"}
+INT_CHECKERS = {"check_int", "check_ints", "_check_count"}
 DOMAIN_TAKERS = {"check": 0, "in_domain": 0, "_in": 0}   # function -> position of the domain name
 
 

@@ -186,6 +186,17 @@ def check_int(name: str, x, *, lo: int, hi: int | None = None) -> int:
   return int(x)
 
 
+def check_ints(name: str, x, *, lo: int) -> np.ndarray:
+  """An int or a 1-D sequence of ints, each ≥ lo, as an int64 array: TypeError for other
+  types, ValueError below lo (named, with the range and the value)."""
+  values = np.asarray(x)
+  if values.dtype == np.bool_ or not np.issubdtype(values.dtype, np.integer) or values.ndim > 1:
+    raise TypeError(f"{name} must be an int or a 1-D sequence of ints, got {x!r}.")
+  if np.any(values < lo):
+    raise ValueError(f"{name} must lie in [{lo}, inf]; got {int(np.min(values))}.")
+  return values.astype(np.int64)
+
+
 def check_bool(name: str, x) -> bool:
   """A bool argument (a switch): TypeError unless True or False."""
   if not isinstance(x, (bool, np.bool_)):

@@ -101,7 +101,7 @@ def dpsgd_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typ
                   refine_order: bool = True, method: str = "improved",
                   accountant: str = "rdp", pld_grid: pld.PldGrid | None = None,
                   sampling: str = "poisson", neighboring: str | None = None,
-                  dataset_size: int | None = None) -> jax.Array:
+                  dataset_size: int | None = None, max_batch_size=None) -> jax.Array:
   r"""ε of DP-SGD, for a constant or phased schedule; Poisson sampling unless ``sampling`` says.
 
   Args:
@@ -129,11 +129,17 @@ def dpsgd_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typ
       up to 2C: RDP of Wang, Balle, Kasiviswanathan 2019, Thm. 27, at σ/2, the best grid
       order; RDP accountant only) or ``"shuffle"`` (a permutation per epoch cut into batches of
       q·n; replace-one: one Gaussian mechanism at σ/2 per epoch an example takes part in, no
-      amplification claimed; both accountants).
+      amplification claimed; both accountants), or ``"truncated_poisson"`` (Poisson batches
+      of more than ``max_batch_size`` examples cut to that many, chosen uniformly, as
+      :func:`jaxrdp.poisson_sample` draws them: tight with ``accountant="pld"``; RDP adds the
+      overflows' probability to δ, see :mod:`jaxrdp.accounting.samplers`).
     neighboring: ``"add_or_remove"`` or ``"replace_one"``: the relation ε is about, to state
       it explicitly (the default is the sampler's; the other is a ``ValueError``).
-    dataset_size: n, with ``sampling="shuffle"`` (required there, and only there): epochs
-      have ⌊n/B⌋ steps of B = q·n examples (q·n a whole number).
+    dataset_size: n, with ``sampling="shuffle"`` (epochs have ⌊n/B⌋ steps of B = q·n
+      examples, q·n a whole number) or ``"truncated_poisson"`` (required there, and only
+      there).
+    max_batch_size: B, the largest batch of ``"truncated_poisson"`` (an int, or one per
+      phase; required there, and only there).
 
   Returns:
     ε (a scalar in the inputs' dtype). Jittable; differentiable with respect to
@@ -161,11 +167,15 @@ def dpsgd_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typ
   validation.check_all(sampling_rate=sampling_rate, noise_multiplier=noise_multiplier,
                        steps=steps, delta=delta)
   validation.check_scalar(delta=delta)   # ε of several δ: jax.vmap
-  samplers.check_sampling(sampling, neighboring, dataset_size, accountant)
+  samplers.check_sampling(sampling, neighboring, dataset_size, accountant, max_batch_size,
+                          truncation=True)
   if sampling == "shuffle":
     samplers.check_batches(sampling_rate, dataset_size)
   if use_pld(accountant, orders=orders, refine_order=refine_order, method=method,
               pld_grid=pld_grid):
+    if sampling == "truncated_poisson":
+      return pld.pld_epsilon(sampling_rate, noise_multiplier, steps, delta, pld_grid=pld_grid,
+                             dataset_size=dataset_size, max_batch_size=max_batch_size)
     if sampling == "shuffle":   # the Gaussian mechanisms of the epochs (q = 1)
       q, sigma, t = schedule_phases(sampling_rate, noise_multiplier, steps)
       valid = samplers.whole_batches(q, dataset_size)
@@ -191,10 +201,18 @@ def dpsgd_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typ
                                    method=method, refine=bool(refine_order))
     return validation.nan_where_invalid(valid, eps)
   if method == "classic":
-    rdp = jnp.sum(composition.rdp_curve(q, sigma, t, grid), axis=0)
-    eps = jnp.min(epsilon_at_orders(grid, rdp, delta, method))
+    epsilon_at = lambda d: jnp.min(epsilon_at_orders(
+        grid, jnp.sum(composition.rdp_curve(q, sigma, t, grid), axis=0), d, method))
   else:
-    eps = dpsgd_epsilon_unchecked(q, sigma, t, delta, grid, refine_order)
+    epsilon_at = lambda d: dpsgd_epsilon_unchecked(q, sigma, t, d, grid, refine_order)
+  if sampling == "truncated_poisson":
+    if q.shape[0] != np.size(max_batch_size) and np.size(max_batch_size) != 1:
+      raise ValueError(f"max_batch_size must be an int or one per phase ({q.shape[0]}); got "
+                       f"{np.size(max_batch_size)} values.")
+    overflow = samplers.overflow_mass(q, t, dataset_size, max_batch_size)
+    eps = samplers.additive_epsilon(epsilon_at, delta, overflow)
+  else:
+    eps = epsilon_at(delta)
   return validation.nan_where_invalid(valid, eps)
 
 

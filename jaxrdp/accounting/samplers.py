@@ -9,6 +9,15 @@ choice):
   probability q; the sampled Gaussian mechanism (Mironov, Talwar, Zhang 2019), what Opacus,
   TF Privacy and dp_accounting's ``PoissonSampledDpEvent`` account. A replacement is a removal
   and an addition: not offered (it would be group privacy of two).
+* ``"truncated_poisson"`` (add/remove one example, the dataset size n and a largest batch B):
+  Poisson sampling whose batches of more than B examples are cut to B of them chosen
+  uniformly at random (:func:`jaxrdp.poisson_sample`, which draws batches with static shapes
+  this way). PLD: tight, the mixture of each step's Poisson pair and, with the probability
+  that the other examples alone fill a batch, a replace-one pair at σ/2
+  (:mod:`jaxrdp.accounting.pld.truncation`; arXiv 2508.15089, dp_accounting's
+  ``TruncatedSubsampledGaussianDpEvent``). RDP: the Poisson RDP with the additive δ of the
+  overflows (:func:`additive_epsilon`), sound for any truncation rule, loose unless
+  overflows are much rarer than δ.
 * ``"fixed"`` (replace one example, the dataset size n public): each batch is B = q·n examples
   drawn uniformly without replacement. RDP by Wang, Balle, Kasiviswanathan (2019), Thm. 27
   (:func:`jaxrdp.rdp_sampled_gaussian_without_replacement`), dp_accounting's
@@ -46,15 +55,19 @@ import numpy as np
 from jaxrdp._internal import compilation
 from jaxrdp._internal import validation
 from jaxrdp.accounting.conversion import epsilon_at_orders
+from jaxrdp.accounting.pld.truncation import log_choose, truncation_weights
 from jaxrdp.mechanisms import without_replacement
 
-SAMPLINGS = ("poisson", "fixed", "shuffle")
+SAMPLINGS = ("poisson", "truncated_poisson", "fixed", "shuffle")
 NEIGHBORINGS = ("add_or_remove", "replace_one")
-RELATION = {"poisson": "add_or_remove", "fixed": "replace_one", "shuffle": "replace_one"}
+RELATION = {"poisson": "add_or_remove", "truncated_poisson": "add_or_remove",
+            "fixed": "replace_one", "shuffle": "replace_one"}
 
 _WHY_NOT = {
     "poisson": "Poisson sampling is accounted for add_or_remove neighbours (a replacement is a "
                "removal and an addition: the group privacy of two, not offered)",
+    "truncated_poisson": "truncated Poisson sampling is accounted for add_or_remove neighbours "
+                         "(as Poisson sampling)",
     "fixed": "fixed-size batches are accounted for replace_one neighbours (Wang, Balle, "
              "Kasiviswanathan 2019: the dataset size is public; under add_or_remove no bound "
              "of this kind holds)",
@@ -63,29 +76,73 @@ _WHY_NOT = {
 }
 
 
-def check_sampling(sampling: str, neighboring: str | None, dataset_size, accountant: str) -> None:
+def check_sampling(sampling: str, neighboring: str | None, dataset_size, accountant: str,
+                   max_batch_size=None, truncation: bool = False) -> None:
   """ValueError (naming the argument, the allowed values and the value) for an unknown
   sampler or relation, a relation the sampler is not accounted under, a ``dataset_size``
-  missing for ``"shuffle"`` or given for another sampler, and ``"fixed"`` with the PLD
-  accountant; TypeError for a ``dataset_size`` that is not an int."""
+  missing for ``"shuffle"`` or ``"truncated_poisson"`` or given for another sampler, a
+  ``max_batch_size`` missing for ``"truncated_poisson"`` or given for another,
+  ``"truncated_poisson"`` where the caller does not account it (``truncation`` False), and
+  ``"fixed"`` with the PLD accountant; TypeError for sizes that are not ints."""
   validation.check_choice("sampling", sampling, SAMPLINGS)
   if neighboring is not None:
     validation.check_choice("neighboring", neighboring, NEIGHBORINGS)
     if neighboring != RELATION[sampling]:
       raise ValueError(f"sampling={sampling!r} with neighboring={neighboring!r} is not offered: "
                        f"{_WHY_NOT[sampling]}.")
-  if sampling == "shuffle":
+  if sampling == "truncated_poisson" and not truncation:
+    raise ValueError("sampling='truncated_poisson' is accounted by dpsgd_epsilon, pld_epsilon "
+                     "and pld_delta; this function does not take it yet.")
+  if sampling in ("shuffle", "truncated_poisson"):
     if dataset_size is None:
-      raise ValueError("sampling='shuffle' needs dataset_size (the number of examples n: the "
-                       "epochs are counted in batches of q·n).")
+      raise ValueError(f"sampling={sampling!r} needs dataset_size (the number of examples n).")
     validation.check_int("dataset_size", dataset_size, lo=1)
   elif dataset_size is not None:
-    raise ValueError(f"dataset_size applies to sampling='shuffle' only; sampling={sampling!r} "
-                     f"got dataset_size={dataset_size!r}.")
+    raise ValueError(f"dataset_size applies to sampling='shuffle' and 'truncated_poisson' only; "
+                     f"sampling={sampling!r} got dataset_size={dataset_size!r}.")
+  if sampling == "truncated_poisson":
+    if max_batch_size is None:
+      raise ValueError("sampling='truncated_poisson' needs max_batch_size (the largest batch B: "
+                       "a batch of more examples is cut to B of them, chosen uniformly).")
+    validation.check_ints("max_batch_size", max_batch_size, lo=1)
+  elif max_batch_size is not None:
+    raise ValueError(f"max_batch_size applies to sampling='truncated_poisson' only; "
+                     f"sampling={sampling!r} got max_batch_size={max_batch_size!r}.")
   if sampling == "fixed" and accountant == "pld":
     raise ValueError("accountant='pld' does not account sampling='fixed' (no tight privacy-loss "
                      "distribution of sampling without replacement is implemented); use "
                      "accountant='rdp' (Wang, Balle, Kasiviswanathan 2019).")
+
+
+def overflow_mass(q, t, dataset_size, max_batch_size):
+  r"""An upper bound on Σ_i T_i·P[Binomial(N + 1, q_i) > B_i]: the expected number of steps
+  whose Poisson batch overflows B (on the larger neighbour, N + 1 examples), in the graph
+  (:func:`jaxrdp.accounting.pld.truncation.truncation_weights`' w_hi with N + 1 others)."""
+  b = np.broadcast_to(np.asarray(max_batch_size, np.int64), t.shape)
+  pairs = [log_choose(dataset_size + 1, int(v) + 1) for v in b]
+  log_c = jnp.asarray([p[0] for p in pairs], q.dtype)
+  error = jnp.asarray([p[1] for p in pairs], q.dtype)
+  return _overflow_mass(q, t, float(dataset_size + 2), np.asarray(b + 1, np.float64), log_c,
+                        error)
+
+
+@compilation.jit
+def _overflow_mass(q, t, n, b, log_c, error):
+  _, overflow, _ = truncation_weights(q, n, b, log_c, error)
+  return jnp.sum(jnp.where(t > 0, t * overflow, 0.0))
+
+
+def additive_epsilon(epsilon_at, delta, overflow):
+  r"""ε of truncated Poisson sampling by the additive account: if the untruncated run is
+  (ε, δ')-DP, the truncated one is (ε, δ' + (1 + e^ε)·P)-DP with P the expected number of
+  overflowing steps (:func:`jaxrdp.training.sampling.poisson_truncation_delta`'s proof). ε at
+  δ/2 bounds ε at any δ' ≥ δ/2, so with P' = (1 + e^{ε(δ/2)})·P ≤ δ/2 the answer is ε at
+  δ − P' (whose ε is at most ε(δ/2): the δ it charges is at most δ); +inf otherwise. Both
+  values from ``epsilon_at`` (eagerly, one compiled program for both)."""
+  first = epsilon_at(delta / 2)
+  charged = (1 + jnp.exp(jnp.minimum(first, 700.0))) * overflow * (1 + 1e-9)
+  ok = jnp.isfinite(first) & (charged <= delta / 2)
+  return jnp.where(ok, epsilon_at(delta - jnp.where(ok, charged, 0.0)), jnp.inf)
 
 
 def check_batches(sampling_rate, dataset_size) -> None:

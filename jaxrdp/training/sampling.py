@@ -11,9 +11,12 @@ batch size is Binomial(N, q) and private. Under ``jit`` shapes are static, so
   than the true rate, so the reported ε stays an upper bound). When at most
   ``max_batch_size`` are selected this IS Poisson sampling.
 * **Overflow policy.** When more than ``max_batch_size`` examples are selected, the batch is
-  truncated to the selected examples of smallest index. This is not Poisson sampling; it
+  truncated to M of them chosen uniformly at random (reservoir sampling). This is truncated
+  Poisson sampling, which ``sampling="truncated_poisson"`` accounts tightly by its PLD
+  (:mod:`jaxrdp.accounting.pld.truncation`). Accounted as Poisson sampling, it is not; it
   happens with probability :math:`p = P[\mathrm{Binomial}(N, q) > M]`
-  (:func:`poisson_overflow_probability`, a certified upper bound). Both policies apply:
+  (:func:`poisson_overflow_probability`, a certified upper bound), and for that account both
+  policies apply:
 
   1. ``poisson_sample`` refuses (ValueError, at trace time) when p exceeds
      ``max_overflow_probability`` (default 1e-12); :func:`poisson_max_batch_size` gives the
@@ -42,11 +45,9 @@ from jax import lax
 
 from jaxrdp._internal import loops
 from jaxrdp._internal import validation
+from jaxrdp.accounting.binomial import overflow_probability as _overflow_probability
 
 _CHUNK = 1 << 16          # examples whose random bits are drawn at once
-_TERMS = 4096             # binomial terms evaluated per block in the tail sums
-_NEGLIGIBLE_LOG = -46.0   # a remainder below e^-46 (1e-20) of the sum is dropped ...
-                          # ... only in the lower-tail sum, where dropping is on the safe side
 
 
 def _check_static_int(name, x, lo):
@@ -86,16 +87,20 @@ def poisson_sample(key: jax.Array, dataset_size: int, sampling_rate: jax.typing.
 
   Each of the ``dataset_size`` examples is selected independently with probability
   ``sampling_rate`` (rounded down to a multiple of 2^-32); the selected indices fill the
-  first slots of ``idx`` in increasing order, ``mask`` marks them, and the remaining slots
+  first slots of ``idx`` in increasing order (unless the batch overflows), ``mask`` marks them, and the remaining slots
   hold index 0 with ``mask`` False. Use ``batch = data[idx]`` and pass ``mask`` to the DP
   transform. Jittable with one compilation per (dataset_size, max_batch_size); the rate may
   be traced (a schedule), in which case no overflow check can run and an invalid rate gives
   an empty batch.
 
-  Overflow (more than ``max_batch_size`` selected): the smallest-index selected examples are
-  kept. With concrete inputs this raises ``ValueError`` when the overflow probability
-  exceeds ``max_overflow_probability``; the accepted probability still has to be added to δ
-  with :func:`poisson_truncation_delta` (see the module docstring for the proof).
+  Overflow (more than ``max_batch_size`` selected): ``max_batch_size`` of the selected
+  examples are kept, every subset of that size equally likely (reservoir sampling), in no
+  particular order. This is the sampler that ``sampling="truncated_poisson"`` accounts
+  tightly (``jaxrdp.dpsgd_epsilon(q, σ, T, δ, accountant="pld", sampling="truncated_poisson",
+  dataset_size=N, max_batch_size=M)``). With concrete inputs this raises ``ValueError`` when
+  the overflow probability exceeds ``max_overflow_probability`` (a guard for the Poisson
+  account: raise it when accounting the truncation that way, or add
+  :func:`poisson_truncation_delta` to δ, see the module docstring).
 
   Args:
     key: a PRNG key, used once (pass a fresh key every step).
@@ -141,8 +146,9 @@ def poisson_sample(key: jax.Array, dataset_size: int, sampling_rate: jax.typing.
           f"max_batch_size={m} is too small: a Poisson batch from dataset_size={n} at "
           f"sampling_rate={float(np.asarray(sampling_rate))} exceeds it with probability {p:.3g} > "
           f"max_overflow_probability={max_overflow_probability:g}. Use max_batch_size >= "
-          f"{suggestion}, or raise max_overflow_probability and add poisson_truncation_delta(...) "
-          "to delta.")
+          f"{suggestion}, or raise max_overflow_probability and account the truncation: "
+          "dpsgd_epsilon(..., sampling='truncated_poisson', dataset_size=N, max_batch_size=M) "
+          "(tight with accountant='pld'), or add poisson_truncation_delta(...) to delta.")
   threshold, everything = _threshold(sampling_rate)
   return _sample(key, threshold, everything, n, m)
 
@@ -158,11 +164,18 @@ def _sample(key, threshold, everything, n, m):
     bits = jax.random.bits(jax.random.fold_in(key, c), (chunk,), jnp.uint32)
     index = c * chunk + offsets
     selected = ((bits < threshold) | everything) & (index < n)
-    slot = count + jnp.cumsum(selected, dtype=jnp.int32) - 1
+    ranks = jnp.cumsum(selected, dtype=jnp.int32)
+    slot = count + ranks - 1
     # Slots >= m (overflow) and unselected examples go to slot m: dropped by the scatter.
     slot = jnp.where(selected & (slot < m), slot, m)
     idx = idx.at[slot].set(index, mode="drop")
-    return count + jnp.sum(selected, dtype=jnp.int32), idx
+    total = count + ranks[-1]
+    # The selected examples past the m-th: reservoir sampling, one at a time (rare).
+    first = jnp.maximum(count, m)
+    idx = loops.fori_loop(first, jnp.maximum(total, first),
+                          lambda r, idx: _reservoir_step(key, n, r, index, ranks - 1 + count, idx),
+                          idx)
+    return total, idx
 
   carry = (jnp.zeros((), jnp.int32), jnp.zeros((m,), jnp.int32))
   if num_chunks == 1:
@@ -171,6 +184,29 @@ def _sample(key, threshold, everything, n, m):
     count, idx = loops.fori_loop(0, num_chunks, body, carry)
   mask = jnp.arange(m, dtype=jnp.int32) < count
   return jnp.where(mask, idx, 0), mask
+
+
+def _reservoir_step(key, n, r, index, rank, idx):
+  """Algorithm R's step for the selected example of rank r ≥ m (0-based, in index order; its
+  position in this chunk found from the chunk's ranks): it replaces slot j, drawn uniformly
+  from [0, r], when j < m. After every step the m slots hold a uniformly random m-subset of
+  the examples seen (Vitter 1985, Algorithm R). j is exact: 32 random bits, rejected at or
+  above the largest multiple of r + 1 below 2^32 (no modulo bias), redrawn from the next key."""
+  k = (r + 1).astype(jnp.uint32)
+  rem = (jnp.uint32(0) - k) % k                         # 2^32 mod (r + 1)
+  stream = jax.random.fold_in(jax.random.fold_in(key, n), r)
+
+  def draw(carry):
+    attempt, _, _ = carry
+    bits = jax.random.bits(jax.random.fold_in(stream, attempt), (), jnp.uint32)
+    return attempt + 1, bits, (rem == 0) | (bits < jnp.uint32(0) - rem)
+
+  _, bits, _ = loops.while_loop(lambda c: ~c[2], draw,
+                                (jnp.int32(0), jnp.uint32(0), jnp.bool_(False)))
+  j = (bits % k).astype(jnp.int32)
+  position = jnp.searchsorted(rank, r)                  # the first entry of rank r
+  m = idx.shape[0]
+  return idx.at[jnp.where(j < m, j, m)].set(index[position], mode="drop")
 
 
 def fixed_sample(key: jax.Array, dataset_size: int, batch_size: int) -> jax.Array:
@@ -253,26 +289,6 @@ def _distinct(key, n, k):
   return values
 
 
-_lgamma = np.vectorize(math.lgamma, otypes=[np.float64])
-
-
-def _log_pmf(n, ks, log_q, log1m_q):
-  """log C(n,k) q^k (1-q)^(n-k) for an int array ks, and a bound on its absolute rounding error."""
-  k = ks.astype(np.float64)
-  parts = (math.lgamma(n + 1.0), -_lgamma(k + 1), -_lgamma(n - k + 1), k * log_q, (n - k) * log1m_q)
-  value = sum(parts)
-  # Each part and each addition is off by a few ulps of the largest magnitude involved.
-  error = 8 * np.finfo(np.float64).eps * sum(np.abs(p) for p in parts)
-  return value, error
-
-
-def _logsumexp(x):
-  top = np.max(x)
-  if not np.isfinite(top):
-    return top
-  return top + math.log(np.sum(np.exp(x - top)))
-
-
 def _scalar_rate(sampling_rate, domain="sampling_rate") -> float:
   validation.check(domain, sampling_rate, name="sampling_rate")
   if np.ndim(sampling_rate) != 0:
@@ -310,47 +326,6 @@ def poisson_overflow_probability(dataset_size: int, sampling_rate: float, max_ba
   n = _check_static_int("dataset_size", dataset_size, 0)
   m = _check_static_int("max_batch_size", max_batch_size, 0)
   return _overflow_probability(n, _scalar_rate(sampling_rate), m)
-
-
-@functools.lru_cache(maxsize=256)
-def _overflow_probability(n: int, q: float, m: int) -> float:
-  if m >= n or q == 0.0:
-    return 0.0
-  if q == 1.0:
-    return 1.0
-  log_q, log1m_q = math.log(q), math.log1p(-q)
-  log_ratio_q = log_q - log1m_q
-  mode = math.floor((n + 1) * q)
-  if m + 1 > mode:
-    # Upper tail: t_{m+1} >= t_{m+2} >= ...
-    total, allowance, k = -math.inf, 0.0, m + 1
-    while True:
-      ks = np.arange(k, min(k + _TERMS, n + 1), dtype=np.int64)
-      lp, err = _log_pmf(n, ks, log_q, log1m_q)
-      total = np.logaddexp(total, _logsumexp(lp))
-      allowance = max(allowance, float(np.max(err)))
-      last = int(ks[-1])
-      if last == n:
-        break
-      log_r = math.log(n - last) - math.log(last + 1) + log_ratio_q
-      rest = lp[-1] + log_r - math.log(-math.expm1(log_r))
-      if rest < total + _NEGLIGIBLE_LOG or lp[-1] < -800:
-        total = np.logaddexp(total, rest)
-        break
-      k = last + 1
-    return float(min(1.0, math.exp(total + allowance) * (1 + 1e-12)))
-  # Lower tail: P[X <= m] summed from k = m down (terms shrink as k decreases below the mode);
-  # a partial sum is a lower bound, so 1 - sum is an upper bound on P[X > m].
-  total, allowance, k = -math.inf, 0.0, m
-  while k >= 0:
-    ks = np.arange(max(k - _TERMS + 1, 0), k + 1, dtype=np.int64)
-    lp, err = _log_pmf(n, ks, log_q, log1m_q)
-    total = np.logaddexp(total, _logsumexp(lp))
-    allowance = max(allowance, float(np.max(err)))
-    if lp[0] < total + _NEGLIGIBLE_LOG:
-      break
-    k = int(ks[0]) - 1
-  return float(min(1.0, -math.expm1(total - allowance) * (1 + 1e-12)))
 
 
 def poisson_max_batch_size(dataset_size: int, sampling_rate: float,

@@ -60,8 +60,10 @@ looser bound (more infinite-loss mass, a higher ε), never a smaller o
 
 The modules, one job each (each imports only modules above it in this list):
 
+* ``truncation`` — the weights of a step of truncated Poisson sampling (the chance that the
+  other examples fill a batch, and the rate of the example in a cut batch), in the graph;
 * ``discretisation`` — the grid's shape (:class:`PldGrid`), the constants the others share, and
-  one step's pessimistic discretised PLD (:func:`step_pmfs`);
+  one step's pessimistic discretised PLD (:func:`step_pmfs`), Poisson or truncated Poisson;
 * ``convolution`` — composition by FFT of the tilted, folded PMFs, the window it is read on,
   and the bounds on its rounding (:func:`convolution._composed`);
 * ``readout`` — δ(ε) and ε(δ) read off the composed PLD, and the jitted kernels

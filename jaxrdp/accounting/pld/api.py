@@ -17,12 +17,32 @@ from jaxrdp.accounting import composition
 from jaxrdp.accounting.pld.discretisation import DEFAULT_INTERVAL, DEFAULT_TAIL_MASS, PldGrid
 from jaxrdp.accounting.pld.readout import pld_delta_unchecked, pld_epsilon_unchecked
 from jaxrdp.accounting.pld.sizing import _host_values, grid_for, grid_of
+from jaxrdp.accounting.pld.truncation import log_choose
+
+
+def truncation_of(dataset_size, max_batch_size, phases):
+  """(host, graph) descriptions of truncated Poisson sampling of ``dataset_size`` examples in
+  batches of at most ``max_batch_size`` (an int or one per phase; checked by the caller), or
+  (None, None) for Poisson sampling. Either neighbour of the dataset may hold the example, so
+  N of the others are counted (the larger neighbour: dp_accounting's ``dataset_size`` is
+  N + 1; the probability that the others fill a batch grows with their number): host
+  (N + 1, B per phase) for :func:`grid_for`, graph (N + 1, B, log C(N, B), its error) per
+  phase (float64) for the kernels."""
+  if dataset_size is None:
+    return None, None
+  n = int(dataset_size) + 1
+  b = np.broadcast_to(np.asarray(max_batch_size, np.int64), (phases,))
+  pairs = [log_choose(n - 1, int(v)) for v in b]
+  graph = (np.full(phases, float(n)), b.astype(np.float64),
+           np.array([p[0] for p in pairs], np.float64), np.array([p[1] for p in pairs], np.float64))
+  return (n, b), tuple(jnp.asarray(v) for v in graph)
 
 
 def pld_grid(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
              steps: jax.typing.ArrayLike, *, interval: float = DEFAULT_INTERVAL,
              tail_mass: float = DEFAULT_TAIL_MASS,
-             delta: jax.typing.ArrayLike | None = None) -> PldGrid:
+             delta: jax.typing.ArrayLike | None = None, dataset_size: int | None = None,
+             max_batch_size=None) -> PldGrid:
   r"""The grid sizes of a PLD computation, from concrete parameters.
 
   Pass the result as ``pld_grid=`` to :func:`pld_epsilon` (or ``dpsgd_epsilon(...,
@@ -48,6 +68,8 @@ def pld_grid(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.A
       the tail mass is at most δ/1000: the grid ``pld_epsilon`` sizes for itself. ε read at
       another δ, and δ(ε) at any ε, stay valid bounds (looser where ε lies far below the
       window).
+    dataset_size, max_batch_size: truncated Poisson sampling (as :func:`pld_epsilon`): the
+      grid then also fits the replace-one term of its steps.
 
   Returns:
     A :class:`PldGrid` (hashable, static under ``jax.jit``).
@@ -68,8 +90,21 @@ def pld_grid(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.A
   if any(v is None for v in values):
     raise TypeError("pld_grid needs concrete parameters (it sets array shapes); call it "
                     "outside jax.jit.")
+  _check_truncation(dataset_size, max_batch_size)
+  phases = np.broadcast_shapes(*(np.shape(v) for v in values[:3]), (1,))[-1]
+  host, _ = truncation_of(dataset_size, max_batch_size, phases)
   return grid_for(*values[:3], interval=float(interval), tail_mass=float(tail_mass),
-                  delta=values[3] if delta is not None else None)
+                  delta=values[3] if delta is not None else None, truncation=host)
+
+
+def _check_truncation(dataset_size, max_batch_size):
+  """Both sizes or neither (ValueError), each an int ≥ 1 (TypeError, ValueError)."""
+  if (dataset_size is None) != (max_batch_size is None):
+    raise ValueError("truncated Poisson sampling needs both dataset_size and max_batch_size; got "
+                     f"dataset_size={dataset_size!r}, max_batch_size={max_batch_size!r}.")
+  if dataset_size is not None:
+    validation.check_int("dataset_size", dataset_size, lo=1)
+    validation.check_ints("max_batch_size", max_batch_size, lo=1)
 
 
 def checked_phases(sampling_rate, noise_multiplier, steps, what):
@@ -96,7 +131,8 @@ def _valid(q, sigma, t, other, other_domain):
 
 def pld_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
                 steps: jax.typing.ArrayLike, delta: jax.typing.ArrayLike, *,
-                pld_grid: PldGrid | None = None) -> jax.Array:
+                pld_grid: PldGrid | None = None, dataset_size: int | None = None,
+                max_batch_size=None) -> jax.Array:
   r"""ε(δ) of DP-SGD with Poisson sampling by its privacy-loss distribution (tight accounting).
 
   The larger ε of the add and the remove direction, each from the pessimistic
@@ -113,6 +149,14 @@ def pld_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typin
     pld_grid: the static sizes (:func:`pld_grid`); default: sized from the parameters, which
       must then be concrete (eager calls, and eager ``jax.grad`` / ``jax.vmap``). Required
       inside ``jax.jit``.
+    dataset_size, max_batch_size: truncated Poisson sampling (both, or neither): each of the
+      N = ``dataset_size`` examples joins a batch with probability q, and a batch of more
+      than B = ``max_batch_size`` (an int, or one per phase) is cut to B of them chosen
+      uniformly at random (:func:`jaxrdp.poisson_sample`). Each step is then the mixture of
+      the Poisson pair and, with the probability w that the other examples alone fill a
+      batch, the replace-one pair at σ/2 and the rate q_c at which the example is in a cut
+      batch (arXiv 2508.15089; dp_accounting's ``TruncatedSubsampledGaussianDpEvent``, whose
+      ``dataset_size`` counts the example: N + 1 here, since a neighbour may add one).
 
   Returns:
     ε, a float64 scalar (+inf when δ is below the mass of infinite loss). Jittable,
@@ -131,12 +175,13 @@ def pld_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typin
     (the dominating pairs of the Poisson-subsampled Gaussian).
   """
   return _evaluate(pld_epsilon_unchecked, sampling_rate, noise_multiplier, steps, "delta",
-                   delta, pld_grid)
+                   delta, pld_grid, dataset_size, max_batch_size)
 
 
 def pld_delta(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
               steps: jax.typing.ArrayLike, epsilon: jax.typing.ArrayLike, *,
-              pld_grid: PldGrid | None = None) -> jax.Array:
+              pld_grid: PldGrid | None = None, dataset_size: int | None = None,
+              max_batch_size=None) -> jax.Array:
   r"""δ(ε) of DP-SGD with Poisson sampling by its privacy-loss distribution: the larger of the
   two directions' hockey-stick divergences δ(ε) = p_∞ + Σ_k p_k (1 − e^{ε − l_k})₊, never
   below the true δ (the same PLD as :func:`pld_epsilon`).
@@ -147,6 +192,7 @@ def pld_delta(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.
     steps: steps per phase, whole numbers ≥ 0, scalar or 1-D.
     epsilon: ε ≥ 0.
     pld_grid: the static sizes (:func:`pld_grid`); required inside ``jax.jit``.
+    dataset_size, max_batch_size: truncated Poisson sampling, as :func:`pld_epsilon`.
 
   Returns:
     δ in [0, 1], a float64 scalar. Jittable, vmappable, differentiable in q, σ and ε. NaN
@@ -156,20 +202,26 @@ def pld_delta(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.
     ValueError: as :func:`pld_epsilon`. TypeError: float32 arguments.
   """
   return _evaluate(pld_delta_unchecked, sampling_rate, noise_multiplier, steps, "epsilon",
-                   epsilon, pld_grid)
+                   epsilon, pld_grid, dataset_size, max_batch_size)
 
 
-def _evaluate(kernel, sampling_rate, noise_multiplier, steps, name, value, given_grid):
-  """``kernel(q, σ, T, value, grid)`` after the public checks (``name``: "delta" or
-  "epsilon"), NaN under jit where an argument is invalid."""
+def _evaluate(kernel, sampling_rate, noise_multiplier, steps, name, value, given_grid,
+              dataset_size=None, max_batch_size=None):
+  """``kernel(q, σ, T, value, grid, truncation)`` after the public checks (``name``: "delta"
+  or "epsilon"), NaN under jit where an argument is invalid."""
   validation.check_all(sampling_rate=sampling_rate, noise_multiplier=noise_multiplier,
                        steps=steps)
   validation.check(name, value)   # "delta" or "epsilon", entries of the domain table
   validation.check_scalar(**{name: value})
+  _check_truncation(dataset_size, max_batch_size)
   q, sigma, t = checked_phases(sampling_rate, noise_multiplier, steps, "the PLD accountant")
-  grid = grid_of(q, sigma, t, given_grid, value if name == "delta" else None)
+  if max_batch_size is not None and np.size(max_batch_size) not in (1, t.shape[0]):
+    raise ValueError(f"max_batch_size must be an int or one per phase ({t.shape[0]}); got "
+                     f"{np.size(max_batch_size)} values.")
+  host, truncation = truncation_of(dataset_size, max_batch_size, t.shape[0])
+  grid = grid_of(q, sigma, t, given_grid, value if name == "delta" else None, host)
   value = validation.to_device(value, np.float64)
-  result = kernel(q, sigma, t, value, grid)
+  result = kernel(q, sigma, t, value, grid, truncation)
   if validation.is_concrete((q, sigma, t, value)):   # checked above: raised where invalid
     return result
   return jnp.where(_valid(q, sigma, t, value, name), result, jnp.nan)

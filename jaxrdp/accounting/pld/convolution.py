@@ -124,31 +124,47 @@ def _fold(pmf, bins):
   return padded.reshape(pmf.shape[:-1] + (laps, bins)).sum(axis=-2)
 
 
-def _pmf_rounding(q, sigma, start, c, lam, grid):
+def _pmf_rounding(mech, start, c, lam, grid):
   """A bound on the relative rounding error of every point of one step's tilted PMF. Each mass
   is a difference of two Gaussian tail functions at thresholds z = x/σ whose rounding is
   about u·(|z| + σ·(|l| + |log q|)), over intervals Δz ≥ Δ·σ wide (the loss has slope ≤ 1/σ²
   in x); the connect-the-dots split divides by 1 − e^{−Δ}; the tilt e^{log p + λl − c} adds
-  u·(|log p| + λ|l| + |c|). With a safety factor of 32 over these first-order estimates."""
+  u·(|log p| + λ|l| + |c|). With a safety factor of 32 over these first-order estimates.
+
+  With truncation (``mech`` = (q, σ, 1 − w, w, q_c)), the replace-one term's thresholds
+  (x ± 1)/s, s = σ/2, with x = s²(u/2 + asinh(A sinh(u/2))) and log A = 1/(2s²) +
+  log((1 − q_c)/q_c), round by about u·s·(|l| + |log A|) + u·(2 + Zs)/s: the larger of the
+  two terms' spreads is charged, and the mixing adds a few u."""
+  q, sigma = mech[:2]
   sigma_safe = jnp.where(sigma > 0, sigma, 1.0)
   q_safe = jnp.where(q > 0, q, 1.0)
   reach = (jnp.abs(start) + grid.pmf_bins) * grid.interval
-  spread = (_Z / sigma_safe + reach + jnp.abs(jnp.log(q_safe)) + 2.0) / grid.interval
+  spread = jnp.where(q > 0, (_Z / sigma_safe + reach + jnp.abs(jnp.log(q_safe)) + 2.0)
+                     / grid.interval, 0.0)
+  if len(mech) > 2:
+    qc = mech[4]
+    s = sigma_safe / 2
+    inner = (qc > 0) & (qc < 1)
+    qc_safe = jnp.where(inner, qc, 0.5)
+    log_a = 0.5 / s**2 + jnp.abs(jnp.log(qc_safe)) + jnp.abs(jnp.log1p(-qc_safe))
+    replace = (s * (reach + log_a) + (2.0 + _Z * s) / s + 2.0) / grid.interval
+    spread = jnp.maximum(spread, jnp.where(qc > 0, replace, 0.0)) + 4.0
   tilt = 745.0 + lam * reach + jnp.abs(c)
-  return jnp.minimum(32 * _U * (1.0 + jnp.where(q > 0, spread, 0.0) + tilt), 1.0)
+  return jnp.minimum(32 * _U * (1.0 + spread + tilt), 1.0)
 
 
-def _step(q, sigma, grid):
-  """:func:`step_pmfs` on the grid, computed once where it is used twice (a barrier keeps XLA
-  from recomputing its error functions inside each consumer's fusion)."""
-  return lax.optimization_barrier(step_pmfs(q, sigma, grid))
+def _step(mech, grid):
+  """:func:`step_pmfs` of the phases' mechanism ``mech`` ((q, σ), or (q, σ, 1 − w, w, q_c) for
+  truncated Poisson sampling) on the grid, computed once where it is used twice (a barrier
+  keeps XLA from recomputing its error functions inside each consumer's fusion)."""
+  return lax.optimization_barrier(step_pmfs(mech[0], mech[1], grid, mech[2:] or None))
 
 
-def _moment_sums(q, sigma, t, grid, steps=None):
+def _moment_sums(mech, t, grid, steps=None):
   """What the phases contribute to the window, summed over them (a leading axis (remove, add)
   on each): Σ t_i K_i(λ) (an upper bound), Σ t_i log(1 − p_∞,i) and the offset Σ t_i start_i
   of the composed grid. ``steps``: the phases' :func:`_step`, where already computed."""
-  start, pmf, above = _step(q, sigma, grid) if steps is None else steps
+  start, pmf, above = _step(mech, grid) if steps is None else steps
   k = _log_mgf(pmf, start, grid)
   return (jnp.sum(_weighted(t[:, None], k), axis=-2)
           + 1e-10 * jnp.sum(_weighted(t[:, None], jnp.abs(k)), axis=-2),
@@ -156,14 +172,14 @@ def _moment_sums(q, sigma, t, grid, steps=None):
           jnp.sum(jnp.where(t > 0, t.astype(jnp.int64) * start, 0), axis=-1))
 
 
-def _spectrum_sums(q, sigma, t, lam, grid, steps=None):
+def _spectrum_sums(mech, t, lam, grid, steps=None):
   """What the phases contribute to the tilted composition (a leading axis (remove, add) on
   each): the sums of :func:`_log_spectrum` of the tilted, folded PMFs' spectra, Σ t_i c_i
   with a bound on its rounding, and Σ t_i log(1 + ρ_i) with ρ_i the relative rounding of step
   i's masses (:func:`_pmf_rounding`): the exact composition of the exact PMFs is at most
   Π_i(1 + ρ_i)^{t_i} times that of the computed ones, point by point (convolution is monotone
   in non-negative inputs)."""
-  start, pmf, _ = _step(q, sigma, grid) if steps is None else steps
+  start, pmf, _ = _step(mech, grid) if steps is None else steps
   tilted, c = _tilt(pmf, start, grid.interval, lam[:, None])
   folded = _fold(tilted, grid.bins)
   # |f_k|'s error: the FFT's (Higham 2002, Thm. 24.2: ‖δf‖₂ ≤ log₂n·η/(1 − log₂n·η)·‖f‖₂ with
@@ -173,7 +189,7 @@ def _spectrum_sums(q, sigma, t, lam, grid, steps=None):
   norm = jnp.sqrt(jnp.sum(lax.stop_gradient(folded) ** 2, axis=-1))
   eta = 16 * _U * levels * math.sqrt(grid.bins) * norm + grid.pmf_bins * _SMALLEST_NORMAL
   sums = _log_spectrum(jnp.fft.rfft(folded), t, eta)
-  rho = _pmf_rounding(q, sigma, start, c, lam[:, None], grid)
+  rho = _pmf_rounding(mech, start, c, lam[:, None], grid)
   return sums + (jnp.sum(_weighted(t, c), axis=-1), jnp.sum(_weighted(t, jnp.abs(c)), axis=-1),
                  jnp.sum(_weighted(t, jnp.log1p(rho)), axis=-1))
 
@@ -183,21 +199,25 @@ def _phase_chunk(grid: Lattice) -> int:
   return max(1, MAX_ELEMENTS // (2 * max(grid.bins, grid.pmf_bins)))
 
 
-def _over_phases(sums, q, sigma, t, grid, *extra, steps=None):
-  """``sums(q, σ, t, *extra, grid)`` summed over the phases: at once (with the phases'
+_PADDING = (0.0, 1.0, 1.0, 0.0, 0.0)   # a phase's (q, σ, 1 − w, w, q_c) that adds nothing
+
+
+def _over_phases(sums, mech, t, grid, *extra, steps=None):
+  """``sums(mech, t, *extra, grid)`` summed over the phases: at once (with the phases'
   :func:`_step` ``steps`` where given), or for schedules with more phases than
   :func:`_phase_chunk`, chunk by chunk in a ``lax.scan`` (bounded memory; padding phases have
   t = 0 and add nothing; boolean parts are or-ed)."""
   chunk = _phase_chunk(grid)
-  if q.shape[0] <= chunk:
-    return sums(q, sigma, t, *extra, grid, steps)
-  pad = -q.shape[0] % chunk
+  if t.shape[0] <= chunk:
+    return sums(mech, t, *extra, grid, steps)
+  pad = -t.shape[0] % chunk
   padded = [jnp.pad(v, (0, pad), constant_values=c).reshape(-1, chunk)
-            for v, c in ((q, 0.0), (sigma, 1.0), (t, 0.0))]
+            for v, c in zip(mech + (t,), _PADDING[:len(mech)] + (0.0,))]
   def add(total, phases):
-    part = sums(*phases, *extra, grid)
+    part = sums(phases[:-1], phases[-1], *extra, grid)
     return jax.tree.map(lambda a, b: a | b if a.dtype == bool else a + b, total, part), None
-  first_part = sums(*(v[0] for v in padded), *extra, grid)
+  first = tuple(v[0] for v in padded)
+  first_part = sums(first[:-1], first[-1], *extra, grid)
   total, _ = loops.scan(add, first_part, tuple(v[1:] for v in padded))
   return total
 
@@ -286,7 +306,7 @@ def _tilt_order(k_total, lam, width, t_total, grid, delta=None, epsilon=None):
   return lax.stop_gradient(jnp.stack([first, lam_w])), jnp.any(~(same | cheap))
 
 
-def _composed(q, sigma, t, grid, *, delta=None, epsilon=None):
+def _composed(mech, t, grid, *, delta=None, epsilon=None):
   """Both directions' composed PLDs on their windows, certified against rounding.
 
   Returns (first, log_mass, p_inf) with a leading axis (remove, add): the window's first
@@ -306,11 +326,12 @@ def _composed(q, sigma, t, grid, *, delta=None, epsilon=None):
   the window lies above its start, and is its start otherwise (a bound,
   :func:`jaxrdp.accounting.pld.readout._epsilon_of`)."""
   interval, bins = grid.interval, grid.bins
-  lam = jnp.asarray(_LAMBDAS, q.dtype)
+  lam = jnp.asarray(_LAMBDAS, t.dtype)
+  phases = t.shape[0]
   # One pass for the window and the tilts, one for the tilted spectra at each tilt: the step
   # PMFs computed once where all phases fit in one chunk.
-  steps = _step(q, sigma, grid) if q.shape[0] <= _phase_chunk(grid) else None
-  k_total, log_finite, offset = _over_phases(_moment_sums, q, sigma, t, grid, steps=steps)
+  steps = _step(mech, grid) if phases <= _phase_chunk(grid) else None
+  k_total, log_finite, offset = _over_phases(_moment_sums, mech, t, grid, steps=steps)
   tilts, both = _tilt_order(k_total, lam, bins * interval, jnp.sum(_weighted(t, 1.0)), grid,
                             delta, epsilon)                               # (2 tilts, 2)
   # The window's top: the Chernoff quantile of the composed loss at tail_mass.
@@ -338,7 +359,7 @@ def _composed(q, sigma, t, grid, *, delta=None, epsilon=None):
   def composed_at(tilt):
     """The log of the bound on each window point's mass, composed at ``tilt`` (2,)."""
     (log_modulus, angle, vanishes, log_upper, rounding, c_total, c_magnitude,
-     log_relative) = _over_phases(_spectrum_sums, q, sigma, t, grid, tilt, steps=steps)
+     log_relative) = _over_phases(_spectrum_sums, mech, t, grid, tilt, steps=steps)
     turn = jnp.mod(frequencies * shift[:, None], bins).astype(angle.dtype)
     modulus = jnp.where(vanishes, 0.0, jnp.exp(log_modulus))
     sin, cos = numerics.sincos(angle + turn * (2 * math.pi / bins))
@@ -350,7 +371,7 @@ def _composed(q, sigma, t, grid, *, delta=None, epsilon=None):
     # The tilt undone at each point: e^{Σ t_i c_i − λ l_k}, the exponent raised by its rounding.
     exponent = c_total[:, None] - tilt[:, None] * losses
     exponent = exponent + 4 * _U * (c_magnitude[:, None] + jnp.abs(tilt[:, None] * losses)
-                                    + jnp.abs(exponent)) * (q.shape[0] + 2)
+                                    + jnp.abs(exponent)) * (phases + 2)
     exponent = exponent + log_relative[:, None] * (1.0 + 1e-6)
     return numerics.log(window) + exponent
 
@@ -371,5 +392,5 @@ def _composed(q, sigma, t, grid, *, delta=None, epsilon=None):
                            (tilts, needed))
   log_tail = jnp.min(k_total - lam * (top[:, None] + 1) * interval, axis=-1)  # above the window
   # p_∞ raised by the rounding of the phases' sum of t_i log(1 − p_∞,i) and of each p_∞,i.
-  p_inf = (-jnp.expm1(log_finite) + jnp.exp(log_tail)) * (1.0 + 4 * _U * (q.shape[0] + 16))
+  p_inf = (-jnp.expm1(log_finite) + jnp.exp(log_tail)) * (1.0 + 4 * _U * (phases + 16))
   return first, log_mass, p_inf

@@ -32,6 +32,7 @@ _SQRT_HALF = math.sqrt(0.5)
 _U = float(np.finfo(np.float64).eps) / 2          # unit roundoff of float64
 _SMALLEST_NORMAL = float(np.finfo(np.float64).tiny)
 _MASS_FLOOR = 1e-280         # added to every point of the composed PMF (see :func:`_composed`)
+_STRIDE = 8                  # the truncation's replace-one term is discretised on every 8th point
 
 
 class PldGrid(NamedTuple):
@@ -125,19 +126,117 @@ def _x_of_loss(u, q, sigma):
   return jnp.where(finite, x / sigma, edge), jnp.where(finite, (x - 1.0) / sigma, edge)
 
 
-def _start_index(q, sigma, interval, add):
+def _replace_loss(x, q, s, xp=jnp):
+  """The privacy loss of the replace-one pair of the truncation term (:func:`step_pmfs`) at
+  x: log(P_R(x)/Q_R(x)), P_R = (1 − q)·N(0, s²) + q·N(1, s²), Q_R = (1 − q)·N(0, s²) +
+  q·N(−1, s²); odd and increasing in x."""
+  return _log_ratio(x, q, s, xp) - _log_ratio(-x, q, s, xp)
+
+
+def _asinh_of_exp(v):
+  """asinh(e^v) for any v (no overflow: v + log(1 + √(1 + e^{−2v})) for v > 0); 0 at −∞."""
+  big = v > 0
+  vb = jnp.where(big, v, 0.0)
+  return jnp.where(big, vb + jnp.log1p(jnp.sqrt(1.0 + jnp.exp(-2.0 * vb))),
+                   jnp.arcsinh(jnp.exp(jnp.where(big, 0.0, v))))
+
+
+def _replace_x_of_loss(u, q, s):
+  r"""The standardised thresholds ((x + 1)/s, x/s, (x − 1)/s) of the inverse x(u) of
+  :func:`_replace_loss`. With A = e^{1/(2s²)}(1 − q)/q, multiplying
+  e^u·Q_R(x) = P_R(x) through by e^{−x/s² − u/2}/(q e^{−1/(2s²)}) gives
+  2 sinh(x/s² − u/2) = 2A sinh(u/2), so x = s²(u/2 + asinh(A sinh(u/2))) (dp_accounting's
+  ``GaussianPrivacyLoss`` inverse for REPLACE, reflected), taken in logarithms (A overflows
+  at small s). q = 0 (no loss): thresholds at ∓∞ on either side of u = 0."""
+  positive_q = q > 0
+  q_safe = jnp.where(positive_q, q, 0.5)
+  log_a = 0.5 / s**2 + jnp.log1p(-q_safe) - jnp.log(q_safe)      # −inf at q = 1
+  half = 0.5 * jnp.abs(u)
+  moving = half > 0
+  h = jnp.where(moving, half, 1.0)
+  log_sinh = h + jnp.log(-jnp.expm1(-2.0 * h)) - math.log(2.0)
+  arcsinh = jnp.where(moving, _asinh_of_exp(log_a + log_sinh), 0.0)
+  x = s**2 * (0.5 * u + jnp.sign(u) * arcsinh)
+  edge = jnp.where(u >= 0, jnp.inf, -jnp.inf)
+  x = jnp.where(positive_q, x, 0.0)
+  return tuple(jnp.where(positive_q, (x + c) / s, edge) for c in (1.0, 0.0, -1.0))
+
+
+def _replace_range(w, q, s, log_tail_mass, xp=jnp):
+  """The loss L_R(X) at the top of the range x ∈ [−X, X] of the truncation's replace-one term
+  that its PMF covers (symmetric about 0). X = 1 + z·s reaches as far as the term's mass
+  above it, at most w·e^{−z²/2}/2 (a Gaussian tail bound on both of its components), is at
+  most tail_mass·1e-6 per step (that mass is counted as infinite loss: sound, and within
+  the tail mass over up to 10⁶ steps), and never beyond z = Z; the mass below −X is rounded
+  up to the PMF's first point (sound, and below loss 0 where it adds nothing to δ of one
+  step)."""
+  with np.errstate(divide="ignore"):
+    excess = xp.log(w) + math.log(5e5) - log_tail_mass
+  positive = excess > 0
+  z = xp.where(positive, xp.sqrt(2 * xp.where(positive, excess, 1.0)), 0.0)
+  return _replace_loss(1.0 + xp.minimum(z, _Z) * s, q, s, xp)
+
+
+def _start_index(q, sigma, grid, add, truncation=None):
   """First grid index of a step's PMF: the loss at the end of x ∈ [−Zσ, 1 + Zσ] where it is
-  smallest, rounded down (mass below it is rounded up to it)."""
+  smallest, rounded down (mass below it is rounded up to it); with ``truncation``
+  (1 − w, w, q_c) the replace-one term's range [−L_R, L_R] (:func:`_replace_range`) too."""
   low = jnp.where(add, -_log_ratio(1.0 + _Z * sigma, q, sigma), _log_ratio(-_Z * sigma, q, sigma))
-  return jnp.floor(low / interval).astype(jnp.int64)
+  if truncation is not None:
+    _, w, qc = truncation
+    low = jnp.minimum(low, -_replace_range(w, qc, sigma / 2, grid.log_tail_mass))
+  return jnp.floor(low / grid.interval).astype(jnp.int64)
 
 
-def step_pmfs(q, sigma, grid):
+def _tail_pair(z):
+  """Φ(z) and 1 − Φ(z), each from one erfc of |z| (its own tail)."""
+  far = 0.5 * lax.erfc(jnp.abs(z) * _SQRT_HALF)
+  return jnp.where(z < 0, far, 1.0 - far), jnp.where(z < 0, 1.0 - far, far)
+
+
+def _rising(z, lower, upper):
+  """Mass between consecutive thresholds z_k < z_{k+1} (last axis), from the tail each
+  interval lies in."""
+  return jnp.where(z[..., :-1] > 0, upper[..., :-1] - upper[..., 1:],
+                   lower[..., 1:] - lower[..., :-1])
+
+
+def _falling(z, lower, upper):
+  """Mass between consecutive thresholds z_k > z_{k+1} (last axis)."""
+  return jnp.where(z[..., 1:] > 0, upper[..., 1:] - upper[..., :-1],
+                   lower[..., :-1] - lower[..., 1:])
+
+
+def _replace_masses(losses, q, s):
+  """(P-mass, Q-mass) of each loss interval [l_k, l_{k+1}] under the replace-one pair of
+  :func:`_replace_loss` (x rises with l), and the P-mass below l_0 and above the last point."""
+  zm, z0, z1 = _replace_x_of_loss(losses, q, s)
+  z = jnp.stack([zm, z0, z1])
+  lower, upper = _tail_pair(z)
+  gm, g0, g1 = _rising(z, lower, upper)
+  p_mass = (1 - q) * g0 + q * g1
+  q_mass = (1 - q) * g0 + q * gm
+  below = (1 - q[..., 0]) * lower[1, ..., 0] + q[..., 0] * lower[2, ..., 0]
+  above = (1 - q[..., 0]) * upper[1, ..., -1] + q[..., 0] * upper[2, ..., -1]
+  return p_mass, q_mass, below, above
+
+
+def step_pmfs(q, sigma, grid, truncation=None):
   """One step's pessimistic discretised PLD, for each phase and both directions.
 
   Args:
     q, sigma: the phases' sampling rates and noise multipliers (1-D, float64).
     grid: the :class:`Lattice` (Δ, e^{−Δ}, 1 − e^{−Δ}; ``pmf_bins`` points, static).
+    truncation: None (Poisson sampling), or (1 − w, w, q_c) per phase for truncated Poisson
+      sampling (:func:`jaxrdp.accounting.pld.truncation.truncation_weights`, each weight an
+      upper bound): the step's pair is then the mixture, with weight w, of the replace-one
+      pair at (q_c, σ/2) (:func:`_replace_loss`, the same in both directions) and, with
+      weight 1 − w, the Poisson pair (Gaussian mechanism with truncated Poisson sampling,
+      arXiv 2508.15089; dp_accounting's ``from_truncated_subsampled_gaussian_mechanism``).
+      A mixture of pairs whose component is known is a pair whose PLD is the mixture of the
+      PLDs, and the mixture of dominating pairs dominates it: the replace-one term is
+      discretised on every :data:`_STRIDE`-th point (spacing _STRIDE·Δ), the Poisson term on
+      every point, and the two PMFs mixed.
 
   Returns:
     (start, pmf, above): for direction (remove, add) × phase, the first point's index (the
@@ -147,21 +246,15 @@ def step_pmfs(q, sigma, grid):
   """
   interval, pmf_bins = grid.interval, grid.pmf_bins
   add = jnp.array([[False], [True]])                               # (direction, phase)
-  start = _start_index(q, sigma, interval, add)
+  start = _start_index(q, sigma, grid, add, truncation)
   losses = (start[..., None] + jnp.arange(pmf_bins)) * interval    # (2, P, K)
   # The add direction's loss l is the remove one's −l at the same x (and P, Q swapped).
   z0, z1 = _x_of_loss(jnp.where(add[..., None], -losses, losses), q[:, None], sigma[:, None])
-  # Φ(z) and 1 − Φ(z) of both Gaussians' thresholds, from one erfc of |z| (its own tail).
   z = jnp.stack([z0, z1])
-  far = 0.5 * lax.erfc(jnp.abs(z) * _SQRT_HALF)
-  lower, upper = jnp.where(z < 0, far, 1.0 - far), jnp.where(z < 0, 1.0 - far, far)
+  lower, upper = _tail_pair(z)
   # Mass of each loss interval [l_k, l_{k+1}] under N(0, σ²) and N(1, σ²): x grows with k in the
   # remove direction, falls in the add one; differences taken in the interval's own tail.
-  rising = jnp.where(z[..., :-1] > 0, upper[..., :-1] - upper[..., 1:],
-                     lower[..., 1:] - lower[..., :-1])
-  falling = jnp.where(z[..., 1:] > 0, upper[..., 1:] - upper[..., :-1],
-                      lower[..., :-1] - lower[..., 1:])
-  g0, g1 = jnp.where(add[..., None], falling, rising)
+  g0, g1 = jnp.where(add[..., None], _falling(z, lower, upper), _rising(z, lower, upper))
   qq = q[:, None]
   mixture = (1 - qq) * g0 + qq * g1
   p_mass = jnp.where(add[..., None], g0, mixture)
@@ -170,10 +263,26 @@ def step_pmfs(q, sigma, grid):
                     (1 - q) * lower[0, ..., 0] + q * lower[1, ..., 0])
   above = jnp.where(add, lower[0, ..., -1],
                     (1 - q) * upper[0, ..., -1] + q * upper[1, ..., -1])
-  # Split interval k's P-mass p between its ends, a at l_k and p − a at l_{k+1}, keeping its
-  # Q-mass: a e^{−l_k} + (p − a) e^{−l_{k+1}} = Q-mass (Doroshenko et al. 2022, Alg. 1).
-  left = (q_mass * jnp.exp(losses[..., :-1]) - p_mass * grid.decay) / grid.rise
+  pmf = _split(p_mass, q_mass, losses, grid.decay, grid.rise).at[..., 0].add(below)
+  if truncation is None:
+    return start, pmf, above
+  # The replace-one term on every _STRIDE-th point: its weight w is small, so a coarser
+  # discretisation (still a dominating pair) costs little tightness and few error functions.
+  keep, w, qc = truncation
+  coarse = losses[..., ::_STRIDE]
+  r_p, r_q, r_below, r_above = _replace_masses(coarse, qc[:, None], sigma[:, None] / 2)
+  decay = grid.decay ** _STRIDE
+  r_pmf = _split(r_p, r_q, coarse, decay, 1.0 - decay).at[..., 0].add(r_below)
+  r_pmf = jnp.pad(r_pmf[..., None], [(0, 0)] * 3 + [(0, _STRIDE - 1)]).reshape(pmf.shape)
+  return start, keep[:, None] * pmf + w[:, None] * r_pmf, keep * above + w * r_above
+
+
+def _split(p_mass, q_mass, losses, decay, rise):
+  """The connect-the-dots PMF on the points ``losses`` (spacing d, e^{−d} = ``decay``,
+  1 − e^{−d} = ``rise``) from each interval's P- and Q-mass: interval k's P-mass p goes
+  a to l_k and p − a to l_{k+1}, keeping its Q-mass: a e^{−l_k} + (p − a) e^{−l_{k+1}} =
+  Q-mass (Doroshenko et al. 2022, Alg. 1)."""
+  left = (q_mass * jnp.exp(losses[..., :-1]) - p_mass * decay) / rise
   left = jnp.clip(left, 0.0, p_mass)
-  pad = [(0, 0), (0, 0)]
-  pmf = jnp.pad(left, pad + [(0, 1)]) + jnp.pad(p_mass - left, pad + [(1, 0)])
-  return start, pmf.at[..., 0].add(below), above
+  pad = [(0, 0)] * (left.ndim - 1)
+  return jnp.pad(left, pad + [(0, 1)]) + jnp.pad(p_mass - left, pad + [(1, 0)])

@@ -17,6 +17,7 @@ from jaxrdp._internal import compilation
 from jaxrdp._internal import numerics
 from jaxrdp.accounting.pld.convolution import _composed
 from jaxrdp.accounting.pld.discretisation import Lattice, _READ_BLOCK, _U, lattice
+from jaxrdp.accounting.pld.truncation import truncation_weights
 
 
 def _delta_of(first, log_mass, p_inf, eps, interval):
@@ -129,18 +130,25 @@ def _larger(per_direction, q):
   return jnp.where(jnp.all(q == 1), per_direction[0], per_direction[jnp.argmax(per_direction)])
 
 
-def pld_epsilon_unchecked(q, sigma, t, delta, grid):
+def pld_epsilon_unchecked(q, sigma, t, delta, grid, truncation=None):
   """ε(δ) of the schedule (phase arrays q, σ, t of float64) on ``grid`` (a :class:`PldGrid`),
   the larger of the directions': one program per pair of grid sizes (:func:`lattice`), so that
-  queries at several δ (whose grids aim at tail masses below each δ) or intervals compile once."""
+  queries at several δ (whose grids aim at tail masses below each δ) or intervals compile once.
+  ``truncation``: None (Poisson sampling) or, per phase, (N, B, log C(N − 1, B), its error) of
+  truncated Poisson sampling (:mod:`jaxrdp.accounting.pld.truncation`)."""
   values, sizes = lattice(grid)
-  return _pld_epsilon(q, sigma, t, delta, values, sizes=sizes)
+  return _pld_epsilon(q, sigma, t, delta, values, truncation, sizes=sizes)
 
 
-def pld_delta_unchecked(q, sigma, t, epsilon, grid):
+def pld_delta_unchecked(q, sigma, t, epsilon, grid, truncation=None):
   """δ(ε) of the schedule, the larger of the directions' (as :func:`pld_epsilon_unchecked`)."""
   values, sizes = lattice(grid)
-  return _pld_delta(q, sigma, t, epsilon, values, sizes=sizes)
+  return _pld_delta(q, sigma, t, epsilon, values, truncation, sizes=sizes)
+
+
+def _mechanism(q, sigma, truncation):
+  """The phases' mechanism: (q, σ), or with truncation (q, σ, 1 − w, w, q_c)."""
+  return (q, sigma) if truncation is None else (q, sigma) + truncation_weights(q, *truncation)
 
 
 def _lattice_of(values, sizes):
@@ -152,14 +160,14 @@ def _lattice_of(values, sizes):
 
 
 @compilation.jit(static_argnames=("sizes",), work=_light)
-def _pld_epsilon(q, sigma, t, delta, values, sizes):
+def _pld_epsilon(q, sigma, t, delta, values, truncation=None, *, sizes):
   grid = _lattice_of(values, sizes)
-  first, log_mass, p_inf = _composed(q, sigma, t, grid, delta=delta)
+  first, log_mass, p_inf = _composed(_mechanism(q, sigma, truncation), t, grid, delta=delta)
   return _larger(_epsilon_of(first, log_mass, p_inf, delta, grid.interval), q)
 
 
 @compilation.jit(static_argnames=("sizes",), work=_light)
-def _pld_delta(q, sigma, t, epsilon, values, sizes):
+def _pld_delta(q, sigma, t, epsilon, values, truncation=None, *, sizes):
   grid = _lattice_of(values, sizes)
-  first, log_mass, p_inf = _composed(q, sigma, t, grid, epsilon=epsilon)
+  first, log_mass, p_inf = _composed(_mechanism(q, sigma, truncation), t, grid, epsilon=epsilon)
   return jnp.minimum(_larger(_delta_of(first, log_mass, p_inf, epsilon, grid.interval), q), 1.0)

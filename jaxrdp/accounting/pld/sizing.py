@@ -14,10 +14,11 @@ import jax
 import numpy as np
 
 from jaxrdp._internal import validation
+from jaxrdp.accounting.pld.truncation import host_weights
 from jaxrdp.accounting.pld.discretisation import (DEFAULT_INTERVAL, DEFAULT_TAIL_MASS, MAX_BINS,
                                                   MAX_ELEMENTS, PldGrid, _BLOCK, _LAMBDAS,
                                                   _LOWER_TAIL_MASS, _READ_BLOCK, _WRAP_NATS, _Z,
-                                                  _log_ratio)
+                                                  _log_ratio, _replace_loss, _replace_range)
 
 
 def _fast_size(n: int, multiple: int = 1) -> int:
@@ -37,28 +38,43 @@ def _fast_size(n: int, multiple: int = 1) -> int:
     m += 1
 
 
-def _host_log_mgf(q, sigma, t):
+def _quadrature(log_p, loss, lam):
+  """log Σ_x e^{log p(x) + λ L(x)} over the last axis, at each λ (an axis before it)."""
+  e = log_p[:, None, :] + lam[None, :, None] * loss[:, None, :]    # (P, λ, n)
+  top = e.max(axis=-1, keepdims=True)
+  return (top + np.log(np.exp(e - top).sum(axis=-1, keepdims=True)))[..., 0]
+
+
+def _log_normal(x, mean, s):
+  """log of the N(mean, s²) density times the spacing of the points x (a Riemann sum)."""
+  return -0.5 * ((x - mean) / s) ** 2 + np.log((x[:, 1:2] - x[:, :1]) / (s * math.sqrt(2 * math.pi)))
+
+
+def _host_log_mgf(q, sigma, t, truncation=None):
   """(λ, K) of one schedule (phase arrays): the composed loss's log-moment-generating function
   K(λ) = Σ_i T_i log E e^{λ L_i} at λ = ±:data:`_LAMBDAS`, both directions (a leading axis
   (remove, add)), from a quadrature of each step's loss on 1025 points, all phases at once (a
   size estimate only: the bounds used for δ are computed in the graph from the discretised
-  PMFs)."""
+  PMFs). With ``truncation`` (1 − w, w, q_c per phase) the mixture with the replace-one pair
+  (the same in both directions)."""
   lam = np.concatenate([-_LAMBDAS[::-1], _LAMBDAS])
   q, sigma, t = (v[:, None] for v in (q, sigma, t))
   x = -_Z * sigma + (1 + 2 * _Z * sigma) * np.linspace(0.0, 1.0, 1025)      # (P, n)
-  log_weight = np.log((x[:, 1:2] - x[:, :1]) / (sigma * math.sqrt(2 * math.pi)))
-  log_phi0 = -0.5 * (x / sigma) ** 2 + log_weight
-  log_phi1 = -0.5 * ((x - 1) / sigma) ** 2 + log_weight
+  log_phi0 = _log_normal(x, 0.0, sigma)
   with np.errstate(divide="ignore"):
-    log_mix = np.logaddexp(np.log1p(-q) + log_phi0, np.log(q) + log_phi1)
+    log_mix = np.logaddexp(np.log1p(-q) + log_phi0, np.log(q) + _log_normal(x, 1.0, sigma))
   loss = _log_ratio(x, q, sigma, np)
-  totals = []
-  for log_p, l in ((log_mix, loss), (log_phi0, -loss)):     # remove, add
-    e = log_p[:, None, :] + lam[None, :, None] * l[:, None, :]    # (P, λ, n)
-    top = e.max(axis=-1, keepdims=True)
-    k = (top + np.log(np.exp(e - top).sum(axis=-1, keepdims=True)))[..., 0]
-    totals.append(np.sum(t * k, axis=0))
-  return lam, np.stack(totals)
+  ks = [_quadrature(log_mix, loss, lam), _quadrature(log_phi0, -loss, lam)]   # remove, add
+  if truncation is not None:
+    keep, w, qc = (v[:, None] for v in truncation)
+    s = sigma / 2
+    x = (1 + _Z * s) * np.linspace(-1.0, 1.0, 1025)
+    with np.errstate(divide="ignore"):
+      log_r = np.logaddexp(np.log1p(-qc) + _log_normal(x, 0.0, s),
+                           np.log(qc) + _log_normal(x, 1.0, s))
+      k_r = _quadrature(log_r, _replace_loss(x, qc, s, np), lam)
+      ks = [np.logaddexp(np.log(keep) + k, np.log(w) + k_r) for k in ks]
+  return lam, np.stack([np.sum(t * k, axis=0) for k in ks])
 
 
 def _host_window(lam, k_total, tail_mass):
@@ -111,17 +127,22 @@ def _tilted_width(lam, k_total, high, delta, interval):
   return float(np.max(np.maximum(below, above)))
 
 
-def _step_range(q, sigma):
-  """The widest loss range, over phases and directions, of a step's PMF."""
+def _step_range(q, sigma, truncation=None, tail_mass=DEFAULT_TAIL_MASS):
+  """The widest loss range, over phases and directions, of a step's PMF (with
+  ``truncation``, the union with the replace-one term's [−L_R, L_R] at ``tail_mass``)."""
   lo_remove = _log_ratio(-_Z * sigma, q, sigma, np)
   hi_remove = _log_ratio(1 + _Z * sigma, q, sigma, np)
   lo_add = -_log_ratio(1 + _Z * sigma, q, sigma, np)
   hi_add = -_log_ratio(-_Z * sigma, q, sigma, np)
+  if truncation is not None:
+    top = _replace_range(truncation[1], truncation[2], sigma / 2, math.log(tail_mass), np)
+    lo_remove, lo_add = np.minimum(lo_remove, -top), np.minimum(lo_add, -top)
+    hi_remove, hi_add = np.maximum(hi_remove, top), np.maximum(hi_add, top)
   return float(np.max(np.maximum(hi_remove - lo_remove, hi_add - lo_add), initial=0.0))
 
 
 def grid_for(q, sigma, t, interval=DEFAULT_INTERVAL, tail_mass=DEFAULT_TAIL_MASS,
-             delta=None) -> PldGrid:
+             delta=None, truncation=None) -> PldGrid:
   """The grid for concrete schedules (NumPy arrays broadcasting to (..., phases); leading
   axes are separate schedules, and the grid fits each), or a ValueError naming the size it
   would need when that exceeds :data:`MAX_BINS`. Phases with q = 0, T = 0 (no loss) or σ = 0
@@ -131,21 +152,27 @@ def grid_for(q, sigma, t, interval=DEFAULT_INTERVAL, tail_mass=DEFAULT_TAIL_MASS
   lower quantile at :data:`_LOWER_TAIL_MASS`; with ``delta`` (the δ or δs that ε will be read
   at) only as far down as reading ε there needs (:func:`_tilted_width`, at most the former):
   fewer points, the same ε to ~1e-7 relative; the tail mass is then at most δ/1000 (a
-  default of 1e-15 would otherwise add a δ-sized term where δ is that small)."""
+  default of 1e-15 would otherwise add a δ-sized term where δ is that small). ``truncation``:
+  (N, B) of truncated Poisson sampling (an int N, B per phase), or None."""
   if delta is not None:
     delta = np.asarray(delta, np.float64)
     tail_mass = min(float(tail_mass), 1e-3 * float(np.min(delta)))
   q, sigma, t = (np.atleast_1d(np.asarray(v, np.float64)) for v in (q, sigma, t))
   shape = np.broadcast_shapes(q.shape, sigma.shape, t.shape)
   q, sigma, t = (np.broadcast_to(v, shape).reshape(-1, shape[-1]) for v in (q, sigma, t))
+  if truncation is not None:
+    n, b = truncation
+    b = np.broadcast_to(np.asarray(b, np.int64), shape).reshape(-1, shape[-1])
   pmf_bins, bins = 2, 1
-  for row in zip(q, sigma, t):
+  for i, row in enumerate(zip(q, sigma, t)):
     used = (row[0] > 0) & (row[1] > 0) & (row[2] > 0)
     if not np.any(used):
       continue
     qi, si, ti = (v[used] for v in row)
-    pmf_bins = max(pmf_bins, int(math.ceil(_step_range(qi, si) / interval)) + 2)
-    lam, k_total = _host_log_mgf(qi, si, ti)
+    weights = None if truncation is None else host_weights(n, b[i][used], qi)
+    pmf_bins = max(pmf_bins,
+                   int(math.ceil(_step_range(qi, si, weights, tail_mass) / interval)) + 2)
+    lam, k_total = _host_log_mgf(qi, si, ti, weights)
     low, high = _host_window(lam, k_total, tail_mass)
     width = high - low
     if delta is not None:
@@ -180,7 +207,7 @@ def _host_values(x):
   return None
 
 
-def grid_of(q, sigma, t, given, delta=None):
+def grid_of(q, sigma, t, given, delta=None, truncation=None):
   """The grid passed, or one sized from the parameters' values where they are known (for
   reading ε at ``delta`` where that is known: :func:`grid_for`); a ValueError where one
   phase's work arrays would exceed :data:`MAX_ELEMENTS`."""
@@ -195,7 +222,7 @@ def grid_of(q, sigma, t, given, delta=None):
   known = None if delta is None else _host_values(delta)
   if known is None or not np.size(known) or not np.all((known > 0) & (known < 1)):
     known = None
-  return _fits(q.shape[-1], grid_for(*values, delta=known))
+  return _fits(q.shape[-1], grid_for(*values, delta=known, truncation=truncation))
 
 
 def _checked_grid(grid) -> PldGrid:

@@ -1,0 +1,154 @@
+"""Truncated Poisson sampling: its step weights against SciPy's binomial tails, the replace-one
+loss's inverse, and ε against dp_accounting's ``TruncatedSubsampledGaussianDpEvent``.
+
+Box: N ∈ [10³, 10⁷], B from below the mean to 20 standard deviations above it, q ∈ [1e-3,
+0.5], σ ∈ [0.8, 1.5], T ∈ [500, 3000], δ ∈ {1e-5, 1e-6}. ε within [1 − 1e-7, 1.01] of
+dp_accounting's PLD (interval 1e-4) with ``dataset_size`` N + 1 (the larger neighbour)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+import jaxrdp
+from jaxrdp.accounting.pld import discretisation, truncation
+
+@pytest.mark.parametrize("n, b, q", [
+    (60_000, 400, 0.004), (60_000, 300, 0.004), (60_000, 240, 0.004), (60_000, 200, 0.004),
+    (1000, 10, 0.005), (1000, 3, 0.5), (10**7, 12_000, 1e-3), (10**7, 10_100, 1e-3),
+    (10**7, 9000, 1e-3), (100, 99, 0.3), (2, 1, 0.5)])
+def test_weights_bound_scipy_binomial_tails(n, b, q):
+  # w = P[Binomial(N − 1, q) ≥ B], q_c = B·P[Binomial(N, q) > B]/(N·w) (SciPy's sf, a reference
+  # computed independently of the window sums).
+  keep, w, qc = (float(v) for v in _weights(n, b, q))
+  exact_w = stats.binom.sf(b - 1, n - 1, q)
+  exact_qc = stats.binom.sf(b, n, q) * b / (exact_w * n)
+  assert w >= exact_w and keep >= 1 - exact_w          # each weight an upper bound ...
+  assert w <= exact_w * (1 + 1e-6) + 1e-15              # ... and close
+  assert keep <= (1 - exact_w) * (1 + 1e-6) + 1e-15
+  assert exact_qc * (1 - 1e-12) <= qc <= exact_qc * (1 + 1e-9)
+  # The host's estimate for sizing (certified tails of jaxrdp.accounting.binomial).
+  host_keep, host_w, host_qc = (float(v) for v in truncation.host_weights(n, b, q))
+  assert host_w == pytest.approx(exact_w, rel=1e-6, abs=1e-15)
+  assert host_qc == pytest.approx(exact_qc, rel=1e-6)
+
+
+def _weights(n, b, q):
+  """The graph's weights (1 − w, w, q_c) of N = n, B = b at rate q."""
+  log_c, error = truncation.log_choose(n - 1, b)
+  return truncation.truncation_weights(q, n, b, log_c, error)
+
+
+def test_weights_without_truncation_and_at_q_one():
+  for weights in (_weights, truncation.host_weights):
+    assert [float(v) for v in weights(100, 100, 0.3)] == [1.0, 0.0, 0.0]
+    assert [float(v) for v in weights(100, 5, 0.0)] == [1.0, 0.0, 0.0]
+    assert [float(v) for v in weights(100, 5, 1.0)] == [0.0, 1.0, 0.05]
+
+
+def test_replace_loss_inverse():
+  # x(u) of the replace-one pair maps back to u through the loss itself, for q_c from 1e-6 to 1
+  # and s = σ/2 from 0.1 to 5 (A = e^{1/(2s²)}(1 − q_c)/q_c up to e^{50}).
+  u = jnp.linspace(-30.0, 30.0, 121)
+  for qc in (1e-6, 1e-3, 0.3, 1.0):
+    for s in (0.1, 0.5, 2.5):
+      _, z0, _ = discretisation._replace_x_of_loss(u, jnp.float64(qc), jnp.float64(s))
+      x = np.asarray(z0) * s
+      reachable = np.abs(x) < 1e3
+      back = np.asarray(discretisation._replace_loss(jnp.asarray(x), qc, s))
+      np.testing.assert_allclose(back[reachable], np.asarray(u)[reachable], rtol=1e-9,
+                                 atol=1e-9)
+
+
+def _dp_accounting(n, q, b, sigma, steps, delta):
+  dp_accounting = pytest.importorskip("dp_accounting")
+  accountant = dp_accounting.pld.PLDAccountant()
+  accountant.compose(dp_accounting.TruncatedSubsampledGaussianDpEvent(n, q, b, sigma), steps)
+  return accountant.get_epsilon(delta)
+
+
+@pytest.mark.parametrize("n, b, q, sigma, steps, delta", [
+    (60_000, 300, 0.004, 1.0, 1000, 1e-5), (60_000, 290, 0.004, 0.8, 3000, 1e-6),
+    (10_000, 130, 0.01, 1.5, 500, 1e-5), (60_000, 330, 0.004, 1.0, 1000, 1e-5)])
+def test_epsilon_against_dp_accounting(n, b, q, sigma, steps, delta):
+  eps = float(jaxrdp.dpsgd_epsilon(q, sigma, steps, delta, accountant="pld",
+                                   sampling="truncated_poisson", dataset_size=n,
+                                   max_batch_size=b))
+  reference = _dp_accounting(n + 1, q, b, sigma, steps, delta)
+  assert reference * (1 - 1e-7) <= eps <= reference * 1.01
+  # At least the Poisson ε (the truncation term only adds), and more where batches are cut
+  # often enough to matter.
+  poisson = float(jaxrdp.pld_epsilon(q, sigma, steps, delta))
+  assert eps >= poisson
+
+
+def test_no_truncation_is_poisson():
+  # B ≥ N + 1: no batch is ever cut, every weight of the replace-one term is 0; the same PMFs
+  # (only the rounding allowance charged for the mixing differs: ~1e-13).
+  args = (0.02, 1.1, 300, 1e-5)
+  cut = float(jaxrdp.pld_epsilon(*args, dataset_size=500, max_batch_size=501))
+  poisson = float(jaxrdp.pld_epsilon(*args))
+  assert poisson <= cut <= poisson * (1 + 1e-11)
+
+
+def test_epsilon_falls_with_the_largest_batch():
+  eps = [float(jaxrdp.pld_epsilon(0.004, 1.0, 1000, 1e-5, dataset_size=60_000,
+                                  max_batch_size=b)) for b in (260, 280, 300, 340)]
+  assert eps == sorted(eps, reverse=True) and eps[0] > eps[-1]
+
+
+def test_jit_grad_and_vmap():
+  grid = jaxrdp.pld_grid(0.004, 1.0, 1000, delta=1e-5, dataset_size=60_000, max_batch_size=300)
+  eps = lambda q, s: jaxrdp.pld_epsilon(q, s, 1000, 1e-5, pld_grid=grid, dataset_size=60_000,
+                                        max_batch_size=300)
+  eager = float(jaxrdp.pld_epsilon(0.004, 1.0, 1000, 1e-5, dataset_size=60_000,
+                                   max_batch_size=300))
+  assert float(jax.jit(eps)(0.004, 1.0)) == pytest.approx(eager, rel=1e-12)
+  dq, ds = jax.grad(eps, argnums=(0, 1))(0.004, 1.0)
+  step = 1e-6
+  fd_q = (float(eps(0.004 + step * 0.004, 1.0)) - float(eps(0.004 - step * 0.004, 1.0))) / (
+      2 * step * 0.004)
+  assert np.isfinite(float(dq)) and float(ds) < 0
+  assert float(dq) == pytest.approx(fd_q, rel=0.05)
+  batched = jax.vmap(lambda s: eps(0.004, s))(jnp.array([0.9, 1.0, 1.1]))
+  assert float(batched[1]) == pytest.approx(eager, rel=1e-12)
+  assert np.all(np.diff(np.asarray(batched)) < 0)
+
+
+def test_rdp_adds_the_overflows_to_delta():
+  # Overflow impossible (B ≥ N + 2): the Poisson RDP ε; likely overflows: +inf; in between,
+  # at least the Poisson RDP ε and at least the tight PLD.
+  args = (0.004, 1.0, 1000, 1e-5)
+  poisson = float(jaxrdp.dpsgd_epsilon(*args))
+  never = float(jaxrdp.dpsgd_epsilon(*args, sampling="truncated_poisson", dataset_size=60_000,
+                                     max_batch_size=60_002))
+  assert never == pytest.approx(poisson, rel=1e-12)
+  assert float(jaxrdp.dpsgd_epsilon(*args, sampling="truncated_poisson", dataset_size=60_000,
+                                    max_batch_size=300)) == np.inf
+  rare = float(jaxrdp.dpsgd_epsilon(*args, sampling="truncated_poisson", dataset_size=60_000,
+                                    max_batch_size=400))
+  tight = float(jaxrdp.dpsgd_epsilon(*args, accountant="pld", sampling="truncated_poisson",
+                                     dataset_size=60_000, max_batch_size=400))
+  assert rare >= poisson and rare >= tight
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(sampling="truncated_poisson", max_batch_size=10), ValueError, "dataset_size"),
+    (dict(sampling="truncated_poisson", dataset_size=100), ValueError, "max_batch_size"),
+    (dict(sampling="truncated_poisson", dataset_size=100, max_batch_size=0), ValueError,
+     r"max_batch_size must lie in \[1, inf\]; got 0"),
+    (dict(sampling="truncated_poisson", dataset_size=100, max_batch_size=2.5), TypeError,
+     "max_batch_size must be an int"),
+    (dict(max_batch_size=10), ValueError, "max_batch_size applies to sampling='truncated_poisson'"),
+    (dict(sampling="truncated_poisson", dataset_size=100, max_batch_size=10,
+          neighboring="replace_one"), ValueError, "add_or_remove"),
+])
+def test_bad_arguments(kwargs, error, match):
+  with pytest.raises(error, match=match):
+    jaxrdp.dpsgd_epsilon(0.01, 1.0, 100, 1e-5, **kwargs)
+
+
+def test_pld_needs_both_sizes():
+  with pytest.raises(ValueError, match="both dataset_size and max_batch_size"):
+    jaxrdp.pld_epsilon(0.01, 1.0, 100, 1e-5, dataset_size=100)
