@@ -874,6 +874,12 @@ CLI_EXTRA = [   # (argv, flag named in the message)
     (["dpsgd", "--sampling", "fixed", "--accountant", "pld"], "--sampling"),
     (["calibrate", "--sampling", "fixed", "--accountant", "pld"], "--sampling"),
     (["calibrate", "--sampling", "shuffle", "--solve-for", "sampling-rate"], "--sampling"),
+    # truncated Poisson batches: the training run's flags and the largest batch
+    (["epsilon", "--sampling", "truncated_poisson"], "--sampling"),
+    (["epsilon", "--max-batch-size", "10"], "--max-batch-size"),
+    (["dpsgd", "--sampling", "truncated_poisson"], "--max-batch-size"),
+    (["dpsgd", "--sampling", "truncated_poisson", "--max-batch-size", "0"], "--max-batch-size"),
+    (["calibrate", "--sampling", "truncated_poisson"], "--sampling"),
 ]
 
 
@@ -914,7 +920,8 @@ def test_cli_table_covers_every_subcommand_and_flag():
   for cmd in CLI_VALID:
     flags = {o for a in commands[cmd]._actions for o in a.option_strings if o.startswith("--")}
     optional = ({"--orders"} if cmd == "epsilon" else set()) | (
-        {"--accountant", "--sampling"} if cmd in ("epsilon", "calibrate", "dpsgd") else set()) | (
+        {"--accountant", "--sampling", "--max-batch-size"} if cmd in ("epsilon", "calibrate", "dpsgd")
+        else set()) | (
         {"--dataset-size", "--batch-size", "--epochs"} if cmd in ("epsilon", "calibrate")
         else set()) | ({"--solve-for", "--noise-multiplier"} if cmd == "calibrate" else set()) | (
         {"--accountant", "--steps-range", "--points", "--log", "--csv"} if cmd == "plot"

@@ -413,9 +413,28 @@ def test_cli_answers_fixed_batches_of_256_over_60000_examples_for_60_epochs(caps
   assert (got["sampling"], got["neighboring"], got["steps"]) == ("fixed", "replace_one", 14_063)
 
 
+def test_cli_answers_truncated_poisson_batches_in_one_command(capsys):
+  from jaxrdp.cli import main as cli
+  argv = ["epsilon", "--dataset-size", "60000", "--batch-size", "256", "--epochs", "60",
+          "--noise-multiplier", "1.1", "--delta", "1e-5", "--sampling", "truncated_poisson",
+          "--max-batch-size", "320", "--accountant", "pld", "--json"]
+  assert cli.main(argv) == 0
+  got = json.loads(capsys.readouterr().out)
+  expected = jaxrdp.dpsgd_epsilon(256 / 60_000, 1.1, 14_063, 1e-5, accountant="pld",
+                                  sampling="truncated_poisson", dataset_size=60_000,
+                                  max_batch_size=320)
+  assert got["epsilon"] == pytest.approx(float(expected), rel=1e-12)
+  assert (got["sampling"], got["neighboring"], got["max_batch_size"]) == (
+      "truncated_poisson", "add_or_remove", 320)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["sweep", "--sampling-rates", "0.01", "--noise-multipliers", "1", "--steps", "10",
       "--deltas", "1e-5", "--out", "x.csv", "--sampling", "shuffle"], "--dataset-size"),
+    (["sweep", "--sampling-rates", "0.01", "--noise-multipliers", "1", "--steps", "10",
+      "--deltas", "1e-5", "--out", "x.csv", "--sampling", "truncated_poisson"], "sweep does not"),
+    (["sweep", "--sampling-rates", "0.01", "--noise-multipliers", "1", "--steps", "10",
+      "--deltas", "1e-5", "--out", "x.csv", "--max-batch-size", "10"], "--max-batch-size"),
     (["sweep", "--sampling-rates", "0.01", "--noise-multipliers", "1", "--steps", "10",
       "--deltas", "1e-5", "--out", "x.csv", "--dataset-size", "100"], "--dataset-size applies"),
     (["sweep", "--sampling-rates", "0.0105", "--noise-multipliers", "1", "--steps", "10",

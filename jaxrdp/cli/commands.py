@@ -15,6 +15,7 @@ import jax
 import numpy as np
 
 import jaxrdp
+from jaxrdp.accounting import samplers
 from jaxrdp.cli.parsing import (RATE_FLAGS, TRAINING_FLAGS, assumptions, choose_form, fail, given,
                                 library_error, training_schedule)
 
@@ -102,13 +103,25 @@ def schedule(args, unused=(), why=""):
     if args.sampling == "shuffle":
       fail("--sampling shuffle needs --dataset-size, --batch-size and --epochs (its epochs are "
            "counted in batches of B), not --sampling-rate and --steps")
+    if args.sampling == "truncated_poisson":
+      fail("--sampling truncated_poisson needs --dataset-size, --batch-size and --epochs (the "
+           "chance that a batch is cut depends on N), not --sampling-rate and --steps")
     return args.sampling_rate, args.steps, []
   n, b, epochs = args.dataset_size, args.batch_size, args.epochs
   q, steps = training_schedule(n, b, epochs)
-  return q, steps, ["Assumptions:"] + assumptions(n, b, q, epochs, steps, sampling=args.sampling)
+  return q, steps, ["Assumptions:"] + training_assumptions(args, q, epochs, steps)
 
 
-_SAMPLERS = {"fixed": "fixed-size batches", "shuffle": "shuffled batches"}
+def training_assumptions(args, q, epochs, steps, epochs_of_steps=False) -> list[str]:
+  """:func:`assumptions` of the training run in ``args`` (its sampler and largest batch)."""
+  return assumptions(args.dataset_size, args.batch_size, q, epochs, steps,
+                     epochs_of_steps=epochs_of_steps, sampling=args.sampling,
+                     max_batch_size=getattr(args, "max_batch_size", None))
+
+
+_SAMPLERS = {"truncated_poisson": "truncated Poisson batches", "fixed": "fixed-size batches",
+             "shuffle": "shuffled batches"}
+_NEIGHBOURS = {"add_or_remove": "add/remove neighbours", "replace_one": "replace-one neighbours"}
 
 
 def sampler(args) -> dict:
@@ -117,6 +130,15 @@ def sampler(args) -> dict:
   if args.sampling == "fixed" and args.accountant == "pld":
     fail("--sampling fixed is accounted by --accountant rdp only (no tight privacy-loss "
          "distribution of fixed-size batches is implemented)")
+  only_truncated_takes_max_batch_size(args)
+  if args.sampling == "truncated_poisson":
+    if getattr(args, "solve_for", None) is not None:
+      fail("--sampling truncated_poisson is accounted by `jaxrdp epsilon` and `jaxrdp dpsgd`; "
+           "calibrate does not take it yet")
+    if args.max_batch_size is None:
+      fail("--sampling truncated_poisson needs --max-batch-size (the largest batch M)")
+    return {"sampling": args.sampling, "dataset_size": args.dataset_size,
+            "max_batch_size": args.max_batch_size}
   if args.sampling == "shuffle" and getattr(args, "solve_for", None) == "sampling-rate":
     fail("--sampling shuffle with --solve-for sampling-rate is not offered (the batch size "
          "changes its epsilon only through the number of epochs): solve for steps or the "
@@ -134,24 +156,38 @@ def sampler_epsilon(args, q, sigma, steps, delta) -> float:
 
 
 def cmd_sampler_epsilon(args, out, q, sigma, steps, lines) -> None:
-  """``epsilon`` and ``dpsgd`` for fixed-size or shuffled batches: one ε, the relation named."""
+  """``epsilon`` and ``dpsgd`` for truncated Poisson, fixed-size or shuffled batches: one ε,
+  the relation named."""
   delta = args.delta
   if args.accountant == "pld" and getattr(args, "orders", None) is not None:
     fail("--orders applies to --accountant rdp only")
   eps = sampler_epsilon(args, q, sigma, steps, delta)
+  relation = samplers.RELATION[args.sampling]
   if args.json:
+    extra = {"max_batch_size": args.max_batch_size} if args.sampling == "truncated_poisson" else {}
     print(record(q, sigma, steps, delta, args.accountant, eps, args, sampling=args.sampling,
-                 neighboring="replace_one"), file=out)
+                 neighboring=relation, **extra), file=out)
     return
   headline(out, f"ε = {eps:.4g} (δ = {delta:g}, {args.accountant.upper()}, "
-                f"{_SAMPLERS[args.sampling]}, replace-one neighbours)")
+                f"{_SAMPLERS[args.sampling]}, {_NEIGHBOURS[relation]})")
+  how = ("adjacent datasets differ by replacing one example" if relation == "replace_one" else
+         "adjacent datasets differ by adding or removing one example")
+  if args.sampling == "truncated_poisson" and args.accountant == "rdp":
+    how += ("; RDP adds the probability of a cut batch to delta (+inf when cuts are not much "
+            "rarer than delta): --accountant pld is tight")
   print("\n".join(lines + [
       f"epsilon = {eps:.6g} (dpsgd_epsilon(..., sampling={args.sampling!r}, "
-      f"accountant={args.accountant!r}); adjacent datasets differ by replacing one example)"]),
-        file=out)
+      f"accountant={args.accountant!r}); {how})"]), file=out)
+
+
+def only_truncated_takes_max_batch_size(args) -> None:
+  """Bad input: --max-batch-size with another sampler than truncated_poisson."""
+  if args.sampling != "truncated_poisson" and getattr(args, "max_batch_size", None) is not None:
+    fail("--max-batch-size applies to --sampling truncated_poisson only")
 
 
 def cmd_epsilon(args, out) -> None:
+  only_truncated_takes_max_batch_size(args)
   q, steps, lines = schedule(args)
   sigma, delta = args.noise_multiplier, args.delta
   if args.sampling != "poisson":
@@ -206,6 +242,7 @@ def _calibration_inputs(args):
 
 
 def cmd_calibrate(args, out) -> None:
+  only_truncated_takes_max_batch_size(args)
   if args.sampling != "poisson":
     sampler(args)   # its refusals first
   q, sigma, steps, lines = _calibration_inputs(args)
@@ -223,8 +260,7 @@ def cmd_calibrate(args, out) -> None:
   epochs = None
   if lines is None:   # steps solved for a training run: also in epochs, E = steps·B/N
     epochs = steps * args.batch_size / args.dataset_size
-    lines = ["Assumptions:"] + assumptions(args.dataset_size, args.batch_size, q, epochs, steps,
-                                           epochs_of_steps=True, sampling=args.sampling)
+    lines = ["Assumptions:"] + training_assumptions(args, q, epochs, steps, epochs_of_steps=True)
   if args.json:   # with ε at the answer: the value the calibration checked against the target
     extra = {} if epochs is None else {"epochs": epochs}
     if args.sampling != "poisson":
@@ -264,10 +300,12 @@ def cmd_calibrate(args, out) -> None:
 
 
 def cmd_dpsgd(args, out) -> None:
+  only_truncated_takes_max_batch_size(args)
   n, b, sigma, delta = args.dataset_size, args.batch_size, args.noise_multiplier, args.delta
   q, steps = training_schedule(n, b, args.epochs)
   if args.sampling != "poisson":
-    lines = ["Assumptions:"] + assumptions(n, b, q, args.epochs, steps, sampling=args.sampling)
+    sampler(args)   # its refusals first
+    lines = ["Assumptions:"] + training_assumptions(args, q, args.epochs, steps)
     cmd_sampler_epsilon(args, out, q, sigma, steps, lines)
     return
   eps, order, refined, classic, classic_order = epsilons(q, sigma, steps, delta)

@@ -93,11 +93,16 @@ def _build_parser() -> argparse.ArgumentParser:
                    help=help_.format(range_text(domain)))
 
   def add_sampling(p):
-    p.add_argument("--sampling", choices=("poisson", "fixed", "shuffle"), default="poisson",
-                   help="how batches are drawn: poisson (default; add/remove neighbours), fixed "
-                   "(B examples without replacement) or shuffle (a permutation per epoch; needs "
-                   "--dataset-size, --batch-size, --epochs); fixed and shuffle are accounted for "
-                   "replace-one neighbours")
+    p.add_argument("--sampling", choices=("poisson", "truncated_poisson", "fixed", "shuffle"),
+                   default="poisson",
+                   help="how batches are drawn: poisson (default; add/remove neighbours), "
+                   "truncated_poisson (Poisson batches cut to --max-batch-size examples chosen "
+                   "uniformly, as jaxrdp.poisson_sample draws them; needs --dataset-size, "
+                   "--batch-size, --epochs), fixed (B examples without replacement) or shuffle "
+                   "(a permutation per epoch; needs --dataset-size, --batch-size, --epochs); "
+                   "fixed and shuffle are accounted for replace-one neighbours")
+    add_optional(p, "--max-batch-size", "count", whole,
+                 "the largest batch M {} of --sampling truncated_poisson")
 
   def add_schedule(p, alternative=" (or --dataset-size, --batch-size, --epochs)"):
     add_optional(p, "--sampling-rate", "sampling_rate", number, "q {}" + alternative)

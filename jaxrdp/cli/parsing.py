@@ -258,15 +258,22 @@ def training_schedule(dataset_size: int, batch_size: int, epochs: float):
 
 
 def assumptions(n, b, q, epochs=None, steps=None, epochs_of_steps=False,
-                sampling="poisson") -> list[str]:
+                sampling="poisson", max_batch_size=None) -> list[str]:
   """The lines that say how N, B (and E) became q (and steps), as ``dpsgd`` prints them.
   ``epochs_of_steps``: the steps were solved for; the epochs are steps·B/N. ``sampling``: how
-  the batches are drawn (:mod:`jaxrdp.accounting.samplers`)."""
+  the batches are drawn (:mod:`jaxrdp.accounting.samplers`), ``max_batch_size`` the largest
+  batch of truncated Poisson sampling."""
   lines = {
       "poisson": [
           f"  - Poisson sampling: each of the N = {n} examples joins each batch independently "
           f"with probability q = B/N = {b}/{n} = {q:.6g}",
           "    (shuffling into fixed-size batches is a different mechanism: --sampling shuffle);",
+      ],
+      "truncated_poisson": [
+          f"  - truncated Poisson sampling: each of the N = {n} examples joins each batch "
+          f"independently with probability q = B/N = {b}/{n} = {q:.6g}, and a batch of more "
+          f"than M = {max_batch_size} examples is cut to M of them chosen uniformly at random "
+          "(jaxrdp.poisson_sample);",
       ],
       "fixed": [
           f"  - fixed-size batches: each batch is B = {b} of the N = {n} examples drawn uniformly "

@@ -111,6 +111,11 @@ def _write_heatmap(path, q, sigma, eps, steps, delta) -> None:
 
 def _sampler(args) -> dict:
   """The sweep's sampler arguments for --sampling (bad input where they do not fit)."""
+  if args.sampling == "truncated_poisson":
+    fail("--sampling truncated_poisson is accounted by `jaxrdp epsilon` and `jaxrdp dpsgd`; "
+         "sweep does not take it yet")
+  if args.max_batch_size is not None:
+    fail("--max-batch-size applies to --sampling truncated_poisson only")
   if args.sampling != "shuffle":
     if args.dataset_size is not None:
       fail("--dataset-size applies to --sampling shuffle only")
