@@ -1,4 +1,4 @@
-"""Benchmark: ε of fixed-size and shuffled batches, jaxrdp vs dp_accounting.
+"""Benchmark: ε of fixed-size, shuffled and truncated Poisson batches, jaxrdp vs dp_accounting.
 
 The schedule: 60 epochs of n = 60,000 examples in batches of B = 256 (q = B/n, 14,063 steps),
 σ = 1.1, δ = 1e-5, float64, dp_accounting's 156 default RDP orders for both.
@@ -11,11 +11,16 @@ The schedule: 60 epochs of n = 60,000 examples in batches of B = 256 (q = B/n, 1
   ``GaussianDpEvent(σ/2)`` composed once per epoch (61: 14,063 steps of ⌊n/B⌋ = 234);
 * fixed-size batches with a different σ in each of 1,000 phases of 14 steps (σ uniform in
   [0.8, 2], seed 0): each phase's event composed by dp_accounting (one call of the anchor
-  there: about six minutes on 2 cores).
+  there: about six minutes on 2 cores);
+* truncated Poisson batches of at most 320 (mean 256, standard deviation 16) by the PLD:
+  ``sampling="truncated_poisson", dataset_size=n, max_batch_size=320, accountant="pld"``
+  against dp_accounting's ``PLDAccountant`` (interval 1e-4) composing
+  ``TruncatedSubsampledGaussianDpEvent(n + 1, q, 320, σ)`` T times (its ``dataset_size``
+  counts the example: n + 1 covers both neighbours of a dataset of n; ε within 1e-5).
 
 Reported: jaxrdp's first call in a fresh process (imports excluded; no compilation cache),
 the medians of ``--repeats`` warm calls of both in this process, their ratio (``RATIO``:
-dp_accounting / jaxrdp), and both ε (they agree to ~1e-13).
+dp_accounting / jaxrdp), and both ε (they agree to ~1e-13 under RDP, ~1e-5 under the PLD).
 
 Run (from the repository root):
 
@@ -39,6 +44,7 @@ jax.config.update("jax_enable_x64", True)
 import numpy as np  # noqa: E402
 from dp_accounting import dp_event  # noqa: E402
 from dp_accounting import privacy_accountant  # noqa: E402
+from dp_accounting.pld import pld_privacy_accountant  # noqa: E402
 from dp_accounting.rdp import rdp_privacy_accountant as dpa  # noqa: E402
 
 import jaxrdp  # noqa: E402
@@ -52,7 +58,10 @@ CASES = {
     "fixed": dict(sampling="fixed"),
     "shuffle": dict(sampling="shuffle", dataset_size=N, refine_order=False),
     "fixed_1000_phases": dict(sampling="fixed"),
+    "truncated_poisson_pld": dict(sampling="truncated_poisson", dataset_size=N,
+                                  max_batch_size=320, accountant="pld"),
 }
+MAX_BATCH = 320   # truncated_poisson_pld
 PHASE_SIGMAS = np.random.default_rng(0).uniform(0.8, 2.0, 1000)   # fixed_1000_phases
 PHASE_STEPS = 14
 
@@ -72,7 +81,7 @@ import numpy as np
 orders = {orders!r}
 q, sigma, steps = (np.asarray(v) for v in ({q!r}, {sigma!r}, {steps!r}))
 t0 = time.perf_counter()
-float(jaxrdp.dpsgd_epsilon(q, sigma, steps, {delta!r}, orders=orders, **{kwargs!r}))
+float(jaxrdp.dpsgd_epsilon(q, sigma, steps, {delta!r}, **orders, **{kwargs!r}))
 print(time.perf_counter() - t0)
 """
 
@@ -84,14 +93,24 @@ def _first_call(name, kwargs) -> float:
                JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
     q, sigma, steps = (np.asarray(v).tolist() for v in _schedule(name))
-    code = _FIRST.format(orders=ORDERS, q=q, sigma=sigma, steps=steps, delta=DELTA,
+    code = _FIRST.format(orders=_orders(kwargs), q=q, sigma=sigma, steps=steps, delta=DELTA,
                          kwargs=kwargs)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True)
   return float(out.stdout.strip().splitlines()[-1])
 
 
+def _orders(kwargs) -> dict:
+  """The RDP cases' orders argument (dp_accounting's grid); none for the PLD."""
+  return {} if kwargs.get("accountant") == "pld" else {"orders": ORDERS}
+
+
 def _dp_accounting(name) -> float:
+  if name == "truncated_poisson_pld":
+    accountant = pld_privacy_accountant.PLDAccountant()
+    accountant.compose(dp_event.TruncatedSubsampledGaussianDpEvent(
+        N + 1, B / N, MAX_BATCH, SIGMA), STEPS)
+    return accountant.get_epsilon(DELTA)
   relation = privacy_accountant.NeighboringRelation.REPLACE_ONE
   accountant = dpa.RdpAccountant(orders=ORDERS, neighboring_relation=relation)
   if name == "fixed":
@@ -125,7 +144,8 @@ def main(argv=None) -> dict:
   for name, kwargs in CASES.items():
     first = _first_call(name, kwargs)
     q, sigma, steps = _schedule(name)
-    ours = lambda: float(jaxrdp.dpsgd_epsilon(q, sigma, steps, DELTA, orders=ORDERS, **kwargs))
+    ours = lambda: float(jaxrdp.dpsgd_epsilon(q, sigma, steps, DELTA, **_orders(kwargs),
+                                              **kwargs))
     ours()
     warm, eps = _median_time(ours, args.repeats)
     anchor_repeats = 1 if name == "fixed_1000_phases" else args.repeats

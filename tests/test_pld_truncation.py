@@ -152,3 +152,62 @@ def test_bad_arguments(kwargs, error, match):
 def test_pld_needs_both_sizes():
   with pytest.raises(ValueError, match="both dataset_size and max_batch_size"):
     jaxrdp.pld_epsilon(0.01, 1.0, 100, 1e-5, dataset_size=100)
+
+
+def _truncated_run(max_batch_size, steps=30, n=1000, q=0.005, sigma=1.0, pld_phases=0):
+  tx = jaxrdp.dpsgd(0.1, 1.0, sigma, jax.random.key(0), sampling_rate=q,
+                    expected_batch_size=q * n, sampling="truncated_poisson", dataset_size=n,
+                    max_batch_size=max_batch_size, pld_phases=pld_phases)
+  params = {"w": jnp.zeros(3)}
+  state = tx.init(params)
+  update = jax.jit(lambda g, s, m: tx.update(g, s, params, mask=m))
+  key = jax.random.key(1)
+  for _ in range(steps):
+    key, k = jax.random.split(key)
+    _, mask = jaxrdp.poisson_sample(k, n, q, max_batch_size, max_overflow_probability=1.0)
+    _, state = update({"w": jnp.ones((max_batch_size, 3))}, state, mask)
+  return state
+
+
+@pytest.mark.parametrize("pld_phases", [0, 4])
+def test_transform_accounts_its_cut_batches(pld_phases):
+  # The state carries the sampler (static: no leaves); privacy_spent accounts the cut batches
+  # as dpsgd_epsilon does, tightly with the PLD, by the additive δ with RDP (+inf here: cuts
+  # are frequent), also under jit.
+  state = _truncated_run(12, pld_phases=pld_phases)
+  assert state[0].truncation == jaxrdp.training.state.Truncation(1000, 12)
+  expected = jaxrdp.dpsgd_epsilon(0.005, 1.0, 30, 1e-5, accountant="pld",
+                                  sampling="truncated_poisson", dataset_size=1000,
+                                  max_batch_size=12)
+  eps, _ = jaxrdp.privacy_spent(state, 1e-5, accountant="pld")
+  assert float(eps) == pytest.approx(float(expected), rel=1e-12)
+  poisson = float(jaxrdp.pld_epsilon(0.005, 1.0, 30, 1e-5))
+  assert float(eps) > poisson
+  assert float(jaxrdp.privacy_spent(state, 1e-5)[0]) == np.inf
+  assert float(jax.jit(lambda s: jaxrdp.privacy_spent(s, 1e-5)[0])(state)) == np.inf
+
+
+def test_transform_without_cuts_spends_the_poisson_rdp():
+  # M = N + 1: no batch is ever cut, the RDP account is the Poisson one.
+  state = _truncated_run(1001, steps=5)
+  eps, order = jaxrdp.privacy_spent(state, 1e-5)
+  rdp = jaxrdp.compute_rdp(0.005, 1.0, 5, jaxrdp.DEFAULT_ORDERS)
+  expected, expected_order = jaxrdp.compute_epsilon(jaxrdp.DEFAULT_ORDERS, rdp, 1e-5)
+  assert float(eps) == pytest.approx(float(expected), rel=1e-12)
+  assert float(order) == float(expected_order)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(sampling="truncated_poisson", dataset_size=100), ValueError, "max_batch_size"),
+    (dict(sampling="truncated_poisson", max_batch_size=10), ValueError, "dataset_size"),
+    (dict(sampling="truncated_poisson", dataset_size=100, max_batch_size=1.5), TypeError,
+     "max_batch_size must be an int"),
+    (dict(sampling="truncated_poisson", dataset_size=0, max_batch_size=5), ValueError,
+     r"dataset_size must lie in \[1, inf\]; got 0"),
+    (dict(dataset_size=100), ValueError, "dataset_size applies to sampling='truncated_poisson'"),
+    (dict(sampling="fixed", max_batch_size=10), ValueError, "max_batch_size applies"),
+])
+def test_transform_bad_truncation_arguments(kwargs, error, match):
+  with pytest.raises(error, match=match):
+    jaxrdp.differentially_private_aggregate(1.0, 1.0, jax.random.key(0), sampling_rate=0.01,
+                                            expected_batch_size=10.0, **kwargs)

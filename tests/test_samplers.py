@@ -369,10 +369,12 @@ def test_transform_with_fixed_batches_accounts_what_fixed_sample_draws():
 
 
 def test_transform_refuses_a_pld_log_for_fixed_batches_and_unknown_samplers():
-  with pytest.raises(ValueError, match="pld_phases applies to sampling='poisson' only"):
+  with pytest.raises(ValueError, match="pld_phases applies to sampling='poisson' and "
+                                      "'truncated_poisson' only"):
     jaxrdp.differentially_private_aggregate(1.0, 1.0, 0, sampling_rate=0.05, expected_batch_size=50,
                                             sampling="fixed", pld_phases=4)
-  with pytest.raises(ValueError, match=r"sampling must be one of \('poisson', 'fixed'\), got 'shuffle'"):
+  with pytest.raises(ValueError, match=r"sampling must be one of \('poisson', 'truncated_poisson', "
+                                      r"'fixed'\), got 'shuffle'"):
     jaxrdp.differentially_private_aggregate(1.0, 1.0, 0, sampling_rate=0.05, expected_batch_size=50,
                                             sampling="shuffle")
 

@@ -83,7 +83,8 @@ def test_jitted_update_refuses_a_0_1_0_state_naming_state_from_0_1_0(form):
 
 def test_the_positional_namedtuple_message_says_what_was_passed():
   tx, params = _transform(), _params()
-  with pytest.raises(TypeError, match=r"takes \(key, count, accountant, phases=None\); got 9 "
+  with pytest.raises(TypeError, match=r"takes \(key, count, accountant, phases=None, "
+                                      r"truncation=None\); got 9 "
                                       r"positional arguments"):
     type(tx.init(params))(*[jnp.asarray(x) for x in _checkpoint_0_1_0()])
 

@@ -429,14 +429,18 @@ def samplers(r: dict) -> str:
   names = {"fixed": "fixed-size batches (`sampling=\"fixed\"`)",
            "shuffle": "shuffled batches (`sampling=\"shuffle\"`)",
            "fixed_1000_phases": "fixed-size batches, a different σ in each of 1,000 phases of 14 "
-                                "steps"}
+                                "steps",
+           "truncated_poisson_pld": "truncated Poisson batches of at most 320, by the PLD "
+                                    "(`sampling=\"truncated_poisson\"`, against "
+                                    "`TruncatedSubsampledGaussianDpEvent` in its `PLDAccountant`)"}
   rows = [[names[k], _t(c["first_s"]), _t(c["warm_s"]), _t(c["dp_accounting_s"]), _x(c["ratio"]),
            f"{c['relative_difference']:.0e}"] for k, c in f["cases"].items()]
   return (f"ε of {_n(f['steps'])} steps over n = {_n(f['dataset_size'])} examples in batches of "
           f"{f['batch_size']} (σ = {f['noise_multiplier']:g}, δ = {f['delta']:g}, "
           f"{f['orders']} orders), against dp_accounting's `RdpAccountant` for replace-one "
           "neighbours composing the same events (shuffled batches are a closed form in both, "
-          "the Gaussian mechanism's RDP: what is measured there is a call's fixed cost):\n\n" +
+          "the Gaussian mechanism's RDP: what is measured there is a call's fixed cost; "
+          "truncated Poisson batches by both PLD accountants, interval 1e-4):\n\n" +
           _table(["", "jaxrdp first call", "jaxrdp warm", "dp_accounting", "speed-up",
                   "ε difference"], rows))
 
@@ -473,7 +477,7 @@ GPU_TITLES = {"bench_gpu": "log-A throughput", "bench_sweep": "`jaxrdp.sweep`",
               "bench_rdp_curve": "RDP curves", "bench_pld": "The PLD accountant",
               "bench_accounting": "Schedules and calibration", "bench_transform": "The DP-SGD step",
               "bench_latency": "Latency", "bench_user_jit": "First calls under your own jit",
-              "bench_scale": "Bounded memory", "bench_samplers": "Fixed-size and shuffled batches",
+              "bench_scale": "Bounded memory", "bench_samplers": "Fixed-size, shuffled and truncated Poisson batches",
               "bench_sweep_output": "Sweeps written as they go"}
 
 # The CPU page: (heading, benchmark), in order; a heading of None continues the section above.
@@ -481,7 +485,7 @@ SECTIONS = [
     ("## Speed against dp_accounting and optax", None),
     ("### RDP curves", "bench_rdp_curve"),
     ("### Schedules and calibration", "bench_accounting"),
-    ("### Fixed-size and shuffled batches", "bench_samplers"),
+    ("### Fixed-size, shuffled and truncated Poisson batches", "bench_samplers"),
     ("### The DP-SGD step against optax", "bench_transform"),
     ("## Latency: what a new user waits for", "bench_latency"),
     ("## First calls under your own jit", "bench_user_jit"),

@@ -137,12 +137,17 @@ def additive_epsilon(epsilon_at, delta, overflow):
   (ε, δ')-DP, the truncated one is (ε, δ' + (1 + e^ε)·P)-DP with P the expected number of
   overflowing steps (:func:`jaxrdp.training.sampling.poisson_truncation_delta`'s proof). ε at
   δ/2 bounds ε at any δ' ≥ δ/2, so with P' = (1 + e^{ε(δ/2)})·P ≤ δ/2 the answer is ε at
-  δ − P' (whose ε is at most ε(δ/2): the δ it charges is at most δ); +inf otherwise. Both
-  values from ``epsilon_at`` (eagerly, one compiled program for both)."""
+  δ − P' (whose ε is at most ε(δ/2): the δ it charges is at most δ); +inf otherwise.
+  ``epsilon_at(δ)`` returns ε, or a tuple whose first entry is ε (the rest returned as
+  they are at δ − P')."""
   first = epsilon_at(delta / 2)
+  first = first[0] if isinstance(first, tuple) else first
   charged = (1 + jnp.exp(jnp.minimum(first, 700.0))) * overflow * (1 + 1e-9)
   ok = jnp.isfinite(first) & (charged <= delta / 2)
-  return jnp.where(ok, epsilon_at(delta - jnp.where(ok, charged, 0.0)), jnp.inf)
+  result = epsilon_at(delta - jnp.where(ok, charged, 0.0))
+  if isinstance(result, tuple):
+    return (jnp.where(ok, result[0], jnp.inf),) + result[1:]
+  return jnp.where(ok, result, jnp.inf)
 
 
 def check_batches(sampling_rate, dataset_size) -> None:

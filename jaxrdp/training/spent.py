@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from jaxrdp._internal import validation
 from jaxrdp.accounting import pld
+from jaxrdp.accounting import samplers
 from jaxrdp.accounting.epsilon import use_pld
 from jaxrdp.accounting.conversion import compute_epsilon
 from jaxrdp.training import accountant as rdp_accountant
@@ -66,8 +67,11 @@ def privacy_spent(opt_state, delta: jax.typing.ArrayLike, *,
   Finds the single :class:`DifferentiallyPrivateAggregateState` in ``opt_state`` (error if
   there is none or more than one) and converts its accumulated RDP with
   :func:`jaxrdp.compute_epsilon` (improved conversion, rounded up, minimised over orders).
-  Jittable. If batches were drawn by truncated Poisson sampling, add the truncation's δ
-  (:func:`jaxrdp.poisson_truncation_delta`) to the reported δ.
+  Jittable. A transform built with ``sampling="truncated_poisson"`` is accounted for its cut
+  batches: with ``accountant="pld"`` tightly (:func:`jaxrdp.pld_epsilon` with
+  ``dataset_size`` and ``max_batch_size``), with RDP by adding the chance of a cut batch to
+  δ (+inf when cuts are not much rarer than δ); both need the run's (q, σ) phases, as the
+  PLD of a schedule does (a constant (q, σ), or ``pld_phases``).
 
   Args:
     opt_state: the optimizer state.
@@ -101,6 +105,7 @@ def privacy_spent(opt_state, delta: jax.typing.ArrayLike, *,
   """
   if use_pld(accountant, orders=orders, pld_grid=pld_grid):
     return _pld_spent(_find_accountant(opt_state), delta, pld_grid)
+  truncation = _find_accountant(opt_state).truncation
   state_orders, rdp = rdp_spent(opt_state)
   if orders is not None:
     validation.check("orders", orders)
@@ -117,35 +122,63 @@ def privacy_spent(opt_state, delta: jax.typing.ArrayLike, *,
     # invalid argument: NaN. A valid order that is not among the accountant's matches nothing
     # and is skipped like the orders not asked for (ε = +inf when none is left).
     return validation.nan_where_invalid(validation.all_in_domains(orders=wanted),
-                                        compute_epsilon(state_orders, rdp, delta))
-  return compute_epsilon(state_orders, rdp, delta)
+                                        _rdp_epsilon(opt_state, state_orders, rdp, delta))
+  return _rdp_epsilon(opt_state, state_orders, rdp, delta)
+
+
+def _rdp_epsilon(opt_state, orders, rdp, delta):
+  """(ε, order) of the accumulated RDP, with the additive δ of cut batches where the
+  transform truncates (:func:`jaxrdp.accounting.samplers.additive_epsilon`)."""
+  state = _find_accountant(opt_state)
+  if state.truncation is None:
+    return compute_epsilon(orders, rdp, delta)
+  validation.check("delta", delta)
+  q, _, steps, known = _run_phases(state, "accountant='rdp' of truncated Poisson batches")
+  overflow = samplers.overflow_mass(q.astype(rdp.dtype), steps.astype(rdp.dtype),
+                                    state.truncation.dataset_size,
+                                    state.truncation.max_batch_size)
+  eps, order = samplers.additive_epsilon(lambda d: compute_epsilon(orders, rdp, d),
+                                         jnp.asarray(delta, rdp.dtype), overflow)
+  return jnp.where(known, eps, jnp.nan), order
 
 
 def _pld_spent(state: DifferentiallyPrivateAggregateState, delta, grid):
   """(ε by the PLD, NaN): the phase log's schedule, or the accountant's single segment."""
   validation.check("delta", delta)
+  q, sigma, steps, known = _run_phases(state, "accountant='pld'")
+  sizes = {} if state.truncation is None else {
+      "dataset_size": state.truncation.dataset_size,
+      "max_batch_size": state.truncation.max_batch_size}
+  eps = pld.pld_epsilon(q, sigma, steps, delta, pld_grid=grid, **sizes)
+  return jnp.where(known, eps, jnp.nan), jnp.asarray(jnp.nan, eps.dtype)
+
+
+def _run_phases(state: DifferentiallyPrivateAggregateState, what: str):
+  """(q, σ, steps, known) of the run (float64 under x64): the phase log's phases, or the accountant's
+  single segment (before the first step a zero-step placeholder). ``known`` is False (and
+  eagerly a ValueError, naming ``what`` needs them) where the log overflowed, or without a
+  log after a change of (q, σ)."""
   if state.phases is not None:
     log = state.phases
     if validation.is_concrete(log.overflowed) and bool(log.overflowed):
       raise ValueError(f"the run has more (sampling_rate, noise_multiplier) phases than the "
                        f"{log.steps.shape[0]} its transform logs (pld_phases): build it with a "
-                       "larger pld_phases, or use accountant='rdp'.")
-    eps = pld.pld_epsilon(log.sampling_rate, log.noise_multiplier,
-                          log.steps.astype(jnp.float64), delta, pld_grid=grid)
-    return jnp.where(log.overflowed, jnp.nan, eps), jnp.asarray(jnp.nan, eps.dtype)
+                       f"larger pld_phases for {what}, or use accountant='rdp'.")
+    return (log.sampling_rate, log.noise_multiplier, log.steps.astype(jnp.float64),
+            ~log.overflowed)
   account = state.accountant
-  q, sigma = (jnp.asarray(v, jnp.float64) for v in account.mechanism)
-  steps = account.segment_steps.astype(jnp.float64)
+  dtype = jnp.result_type(float)   # float64 under x64 (the PLD's; it refuses float32)
+  q, sigma = (jnp.asarray(v, dtype) for v in account.mechanism)
+  steps = account.segment_steps.astype(dtype)
   one_segment = jnp.all(account.rdp == 0) & jnp.all(account.rdp_compensation == 0)
   if validation.is_concrete((account, one_segment)) and not bool(one_segment):
-    raise ValueError("accountant='pld' needs the run's phases: this state changed "
+    raise ValueError(f"{what} needs the run's phases: this state changed "
                      "(sampling_rate, noise_multiplier) (a schedule) and keeps the earlier "
                      "phases only as RDP. Build the transform with pld_phases=K (it then logs "
                      "up to K phases), account the schedule with jaxrdp.dpsgd_epsilon(q_phases, "
-                     "sigma_phases, steps_phases, delta, accountant='pld'), or use "
-                     "accountant='rdp'.")
+                     "sigma_phases, steps_phases, delta, ...), or use accountant='rdp'"
+                     + (" (of Poisson batches)." if "rdp" in what else "."))
   no_steps = account.segment_steps == 0
   # Before the first step θ is NaN: a zero-step schedule at a placeholder (q, σ), ε = 0.
   q, sigma = jnp.where(no_steps, 0.0, q), jnp.where(no_steps, 1.0, sigma)
-  eps = pld.pld_epsilon(q, sigma, steps, delta, pld_grid=grid)
-  return jnp.where(one_segment, eps, jnp.nan), jnp.asarray(jnp.nan, eps.dtype)
+  return q[None], sigma[None], steps[None], one_segment

@@ -11,6 +11,7 @@ state, whatever form it was restored in, with a ``TypeError`` that says how to c
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -40,11 +41,24 @@ class DifferentiallyPrivateAggregateState(NamedTuple):
       current segment, step_rdp, segment_steps); read it with :func:`rdp_spent`.
     phases: None (no leaves), or with ``pld_phases=K`` the :class:`PhaseLog` of the run's
       (q, σ) phases, which ``privacy_spent(..., accountant="pld")`` composes.
+    truncation: None, or with ``sampling="truncated_poisson"`` the :class:`Truncation` of the
+      batches (static: no leaves), which :func:`jaxrdp.privacy_spent` accounts.
   """
   key: jax.Array
   count: jax.Array
   accountant: rdp_accountant.RdpAccountantState
   phases: "PhaseLog | None" = None
+  truncation: "Truncation | None" = None
+
+
+@jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True)
+class Truncation:
+  """Truncated Poisson sampling of a run: ``dataset_size`` examples, batches of more than
+  ``max_batch_size`` cut to that many (:func:`jaxrdp.poisson_sample`). A static part of the
+  state (no leaves: the same under ``jax.jit``, and in the tree structure of a checkpoint)."""
+  dataset_size: int
+  max_batch_size: int
 
 
 class PhaseLog(NamedTuple):
@@ -115,7 +129,7 @@ def _new_refusing_0_1_0(cls, *args, **kwargs):
   if (len(args) == len(_FIELDS_0_1_0) and not kwargs) or legacy:
     given = f"the keywords {legacy}" if legacy else f"{len(args)} positional arguments"
     raise TypeError(f"DifferentiallyPrivateAggregateState takes (key, count, accountant, "
-                    f"phases=None); got {given}: a jaxrdp 0.1.0 state's fields "
+                    f"phases=None, truncation=None); got {given}: a jaxrdp 0.1.0 state's fields "
                     f"{list(_FIELDS_0_1_0)}. {_HOW_TO_CONVERT}")
   return _namedtuple_new(cls, *args, **kwargs)
 

@@ -62,8 +62,8 @@ from jaxrdp.accounting.composition import rdp_curve
 from jaxrdp.training import accountant as rdp_accountant
 from jaxrdp.training.microbatch import ClippedGradSum, batch_size_of, clip_and_sum
 from jaxrdp.accounting.orders import DEFAULT_ORDERS
-from jaxrdp.training.state import (DifferentiallyPrivateAggregateState, _check_state, _log_step,
-                                   _phase_log)
+from jaxrdp.training.state import (DifferentiallyPrivateAggregateState, Truncation, _check_state,
+                                   _log_step, _phase_log)
 # Re-exported: user code imports the state and its reports from this module too
 # (``from jaxrdp.training.transform import privacy_spent, state_from_0_1_0``).
 from jaxrdp.training.state import PhaseLog, state_from_0_1_0  # noqa: F401
@@ -123,6 +123,8 @@ def differentially_private_aggregate(
     accountant_dtype: Any = None,
     pld_phases: int = 0,
     sampling: str = "poisson",
+    dataset_size: int | None = None,
+    max_batch_size: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Clip per-example gradients, sum, add Gaussian noise once, divide by the expected batch size.
 
@@ -167,6 +169,13 @@ def differentially_private_aggregate(
       for replace-one neighbours (Wang, Balle, Kasiviswanathan 2019, Thm. 27, at σ/2: a
       replacement moves the clipped sum by up to 2C; see
       :mod:`jaxrdp.accounting.samplers`). No PLD log (``pld_phases``) for fixed-size batches.
+      Or ``"truncated_poisson"``: Poisson batches of ``dataset_size`` examples cut to at most
+      ``max_batch_size`` chosen uniformly (:func:`jaxrdp.poisson_sample` with that
+      ``max_batch_size`` and any ``max_overflow_probability``): the accountant adds each
+      step's Poisson RDP as for ``"poisson"``, and :func:`privacy_spent` accounts the cut
+      batches, tightly with ``accountant="pld"``.
+    dataset_size, max_batch_size: N and M of ``sampling="truncated_poisson"`` (Python ints;
+      required there, and only there).
 
   Returns:
     An :class:`optax.GradientTransformationExtraArgs` whose state is a
@@ -193,10 +202,11 @@ def differentially_private_aggregate(
       and pld_phases.ndim == 0 and jnp.issubdtype(pld_phases.dtype, jnp.integer)):
     pld_phases = int(pld_phases)   # optax.inject_hyperparams turns the int into an array
   pld_phases = validation.check_int("pld_phases", pld_phases, lo=0)
-  validation.check_choice("sampling", sampling, ("poisson", "fixed"))
+  validation.check_choice("sampling", sampling, ("poisson", "truncated_poisson", "fixed"))
+  truncation = _truncation(sampling, dataset_size, max_batch_size)
   if sampling == "fixed" and pld_phases:
-    raise ValueError("pld_phases applies to sampling='poisson' only: fixed-size batches have no "
-                     f"PLD accountant (got pld_phases={pld_phases}).")
+    raise ValueError("pld_phases applies to sampling='poisson' and 'truncated_poisson' only: "
+                     f"fixed-size batches have no PLD accountant (got pld_phases={pld_phases}).")
   if pld_phases and not jax.config.jax_enable_x64:
     raise TypeError("pld_phases > 0 logs the phases for the PLD accountant, which computes in "
                     "float64: enable 64-bit JAX (jax.config.update('jax_enable_x64', True)).")
@@ -208,7 +218,7 @@ def differentially_private_aggregate(
   if orders.ndim != 1:
     raise ValueError(f"orders must be 1-D, got shape {orders.shape}.")
   fixed = _is_fixed(sampling_rate) and _is_fixed(noise_multiplier)
-  step_curve = rdp_curve if sampling == "poisson" else functools.partial(
+  step_curve = rdp_curve if sampling != "fixed" else functools.partial(
       _without_replacement_curve, n_max=samplers.max_order(orders))
 
   def rdp_now(q, sigma):
@@ -254,7 +264,7 @@ def differentially_private_aggregate(
     return DifferentiallyPrivateAggregateState(
         key=jnp.asarray(raw_key), count=count,
         accountant=rdp_accountant.init(orders, num_parameters=2, dtype=dtype),
-        phases=_phase_log(pld_phases) if pld_phases else None)
+        phases=_phase_log(pld_phases) if pld_phases else None, truncation=truncation)
 
   def update_fn(updates, state, params=None, mask=None, **extra_args):
     del extra_args
@@ -285,10 +295,29 @@ def differentially_private_aggregate(
     new_state = DifferentiallyPrivateAggregateState(
         key=jax.random.key_data(next_key), count=optax.safe_int32_increment(state.count),
         accountant=accountant,
-        phases=None if state.phases is None else _log_step(state.phases, q, sigma))
+        phases=None if state.phases is None else _log_step(state.phases, q, sigma),
+        truncation=state.truncation)
     return jax.tree.unflatten(treedef, noised), new_state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _truncation(sampling, dataset_size, max_batch_size) -> Truncation | None:
+  """The :class:`Truncation` of ``sampling="truncated_poisson"`` (both sizes Python ints ≥ 1),
+  None for the other samplers (which take neither size); ValueError or TypeError naming the
+  argument otherwise."""
+  if sampling != "truncated_poisson":
+    for name, value in (("dataset_size", dataset_size), ("max_batch_size", max_batch_size)):
+      if value is not None:
+        raise ValueError(f"{name} applies to sampling='truncated_poisson' only; sampling="
+                         f"{sampling!r} got {name}={value!r}.")
+    return None
+  for name, value in (("dataset_size", dataset_size), ("max_batch_size", max_batch_size)):
+    if value is None:
+      raise ValueError(f"sampling='truncated_poisson' needs {name} (N examples, batches of "
+                       "more than max_batch_size cut to that many).")
+  return Truncation(validation.check_int("dataset_size", dataset_size, lo=1),
+                    validation.check_int("max_batch_size", max_batch_size, lo=1))
 
 
 def _without_replacement_curve(q, sigma, steps, orders, n_max):
@@ -360,7 +389,8 @@ def dpsgd(learning_rate: optax.ScalarOrSchedule, l2_norm_clip: ScalarOrSchedule,
           momentum: float | None = None, nesterov: bool = False,
           orders: jax.typing.ArrayLike | None = None,
           accountant_dtype: Any = None, pld_phases: int = 0,
-          sampling: str = "poisson") -> optax.GradientTransformationExtraArgs:
+          sampling: str = "poisson", dataset_size: int | None = None,
+          max_batch_size: int | None = None) -> optax.GradientTransformationExtraArgs:
   r"""DP-SGD: :func:`differentially_private_aggregate`, optional momentum, learning rate.
 
   The same chain as ``optax.contrib.dpsgd`` (aggregate → ``optax.trace`` → learning rate), with
@@ -370,7 +400,8 @@ def dpsgd(learning_rate: optax.ScalarOrSchedule, l2_norm_clip: ScalarOrSchedule,
   Args:
     learning_rate: a float or an optax schedule.
     l2_norm_clip, noise_multiplier, key, sampling_rate, expected_batch_size, orders,
-    accountant_dtype, pld_phases, sampling: as in :func:`differentially_private_aggregate`.
+    accountant_dtype, pld_phases, sampling, dataset_size, max_batch_size: as in
+      :func:`differentially_private_aggregate`.
     momentum: decay of ``optax.trace``; None for plain SGD.
     nesterov: Nesterov momentum.
 
@@ -395,7 +426,8 @@ def dpsgd(learning_rate: optax.ScalarOrSchedule, l2_norm_clip: ScalarOrSchedule,
       differentially_private_aggregate(
           l2_norm_clip, noise_multiplier, key, sampling_rate=sampling_rate,
           expected_batch_size=expected_batch_size, orders=orders,
-          accountant_dtype=accountant_dtype, pld_phases=pld_phases, sampling=sampling),
+          accountant_dtype=accountant_dtype, pld_phases=pld_phases, sampling=sampling,
+          dataset_size=dataset_size, max_batch_size=max_batch_size),
       optax.trace(decay=momentum, nesterov=nesterov) if momentum is not None else optax.identity(),
       optax.scale_by_learning_rate(learning_rate),
   )
