@@ -211,3 +211,41 @@ def test_transform_bad_truncation_arguments(kwargs, error, match):
   with pytest.raises(error, match=match):
     jaxrdp.differentially_private_aggregate(1.0, 1.0, jax.random.key(0), sampling_rate=0.01,
                                             expected_batch_size=10.0, **kwargs)
+
+
+TRUNCATED = dict(sampling="truncated_poisson", dataset_size=60_000, max_batch_size=300)
+
+
+def _truncated_epsilon(q, sigma, steps, accountant):
+  return float(jaxrdp.dpsgd_epsilon(q, sigma, steps, 1e-5, accountant=accountant, **TRUNCATED))
+
+
+def test_calibrated_noise_multiplier_meets_the_target_tightly():
+  # Cut batches cost ε, so the calibrated σ is larger than the Poisson one; it meets the
+  # target by the truncated account, and 1e-6 less noise does not.
+  sigma = float(jaxrdp.calibrate_noise_multiplier(1.0, 1e-5, 0.004, 1000, accountant="pld",
+                                                  **TRUNCATED))
+  assert _truncated_epsilon(0.004, sigma, 1000, "pld") <= 1.0
+  assert _truncated_epsilon(0.004, sigma * (1 - 1e-6), 1000, "pld") > 1.0
+  poisson = float(jaxrdp.calibrate_noise_multiplier(1.0, 1e-5, 0.004, 1000, accountant="pld"))
+  assert sigma > poisson
+
+
+def test_calibrated_sampling_rate_and_steps_meet_the_target():
+  q = float(jaxrdp.calibrate_sampling_rate(1.0, 1e-5, 1.0, 1000, accountant="pld", **TRUNCATED))
+  assert _truncated_epsilon(q, 1.0, 1000, "pld") <= 1.0 < _truncated_epsilon(q * (1 + 1e-6), 1.0,
+                                                                               1000, "pld")
+  steps = int(jaxrdp.calibrate_steps(1.0, 1e-5, 0.004, 1.0, accountant="pld", **TRUNCATED))
+  assert _truncated_epsilon(0.004, 1.0, steps, "pld") <= 1.0 < _truncated_epsilon(
+      0.004, 1.0, steps + 1, "pld")
+
+
+def test_calibration_by_rdp_adds_the_overflows():
+  # Overflows rare enough (at most 400 of a mean 240): reachable, and the answer meets the
+  # target by dpsgd_epsilon's own account; overflows too frequent (300): no σ reaches it.
+  rare = dict(TRUNCATED, max_batch_size=400)
+  sigma = float(jaxrdp.calibrate_noise_multiplier(2.0, 1e-5, 0.004, 1000, **rare))
+  assert float(jaxrdp.dpsgd_epsilon(0.004, sigma, 1000, 1e-5, **rare)) <= 2.0
+  assert float(jaxrdp.dpsgd_epsilon(0.004, sigma * (1 - 1e-6), 1000, 1e-5, **rare)) > 2.0
+  with pytest.raises(ValueError, match="not reachable"):
+    jaxrdp.calibrate_noise_multiplier(2.0, 1e-5, 0.004, 1000, **TRUNCATED)

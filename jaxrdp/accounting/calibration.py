@@ -30,7 +30,8 @@ from jaxrdp.accounting import samplers
 from jaxrdp.accounting.order_search import grid_epsilon
 from jaxrdp.accounting.conversion import compute_epsilon
 from jaxrdp.accounting.envelope import _concrete_split, _first_without_fallback
-from jaxrdp.accounting.epsilon import (_concrete_epsilons, _grid_values, _with_slots, order_grid,
+from jaxrdp.accounting.epsilon import (_concrete_epsilons, _grid_values, _with_slots, dpsgd_epsilon,
+                                       order_grid,
                                        schedule_rdp, use_pld)
 from jaxrdp.accounting.roots import _host_boundary, _safe_boundary
 
@@ -43,7 +44,8 @@ def calibrate_noise_multiplier(target_epsilon: jax.typing.ArrayLike, delta: jax.
                                orders: jax.typing.ArrayLike | None = None,
                                accountant: str = "rdp", sampling: str = "poisson",
                                neighboring: str | None = None,
-                               dataset_size: int | None = None) -> jax.Array:
+                               dataset_size: int | None = None,
+                               max_batch_size=None) -> jax.Array:
   r"""Smallest noise multiplier σ in [1e-4, 1e8] whose ε is at most ``target_epsilon`` (safe side).
 
   ε is non-increasing in σ; the answer is found in log σ on the grid-order ε (so that it is
@@ -65,9 +67,10 @@ def calibrate_noise_multiplier(target_epsilon: jax.typing.ArrayLike, delta: jax.
       from the RDP answer (safe for PLD too) and returns a σ whose PLD ε, as
       ``dpsgd_epsilon(..., accountant="pld")`` computes it, was checked to be ≤ the target,
       within 1e-7 relative of the smallest such σ.
-    sampling, neighboring, dataset_size: how the batches are drawn, as in
+    sampling, neighboring, dataset_size, max_batch_size: how the batches are drawn, as in
       :func:`jaxrdp.dpsgd_epsilon` (``"fixed"``: the same search on its ε; ``"shuffle"``: twice
-      the σ of the epochs' Gaussian mechanisms, :mod:`jaxrdp.accounting.samplers`).
+      the σ of the epochs' Gaussian mechanisms, :mod:`jaxrdp.accounting.samplers`;
+      ``"truncated_poisson"``: a host search on its ε by either accountant, eager calls only).
 
   Returns:
     σ, a scalar in the inputs' dtype (NaN under jit where no σ ≤ 1e8 reaches the target or
@@ -82,7 +85,13 @@ def calibrate_noise_multiplier(target_epsilon: jax.typing.ArrayLike, delta: jax.
                        delta=delta)
   validation.check_scalar(target_epsilon=target_epsilon, delta=delta)
   validation.check_schedule(sampling_rate=sampling_rate, steps=steps)
-  samplers.check_sampling(sampling, neighboring, dataset_size, accountant)
+  samplers.check_sampling(sampling, neighboring, dataset_size, accountant, max_batch_size,
+                          truncation=True)
+  if sampling == "truncated_poisson":   # from the Poisson answer (cut batches only add to ε)
+    start = calibrate_noise_multiplier(target_epsilon, delta, sampling_rate, steps)
+    return _pld_calibration("noise_multiplier", target_epsilon, delta, start,
+                            truncation=(dataset_size, max_batch_size), accountant=accountant,
+                            orders=orders, sampling_rate=sampling_rate, steps=steps)
   if sampling == "shuffle":   # σ/2 is the epochs' Gaussian σ: calibrate that one (q = 1)
     samplers.check_batches(sampling_rate, dataset_size)
     q, _, t = schedule_phases(sampling_rate, 1.0, steps)
@@ -229,7 +238,8 @@ def calibrate_sampling_rate(target_epsilon: jax.typing.ArrayLike, delta: jax.typ
                             noise_multiplier: jax.typing.ArrayLike, steps: jax.typing.ArrayLike, *,
                             orders: jax.typing.ArrayLike | None = None,
                             accountant: str = "rdp", sampling: str = "poisson",
-                            neighboring: str | None = None) -> jax.Array:
+                            neighboring: str | None = None, dataset_size: int | None = None,
+                            max_batch_size=None) -> jax.Array:
   r"""Largest sampling rate q in (0, 1] whose ε is at most ``target_epsilon`` (safe side).
 
   ε is non-decreasing in q; bracketed regula falsi in log q on the grid-order ε, to a bracket
@@ -249,6 +259,8 @@ def calibrate_sampling_rate(target_epsilon: jax.typing.ArrayLike, delta: jax.typ
       batches, rounded down to a whole number of examples by the caller), as in
       :func:`jaxrdp.dpsgd_epsilon`. Shuffled batches depend on q only through the epochs:
       calibrate the steps (:func:`calibrate_steps`) instead.
+    dataset_size, max_batch_size: ``sampling="truncated_poisson"`` (both required there, and
+      only there): a host search on its ε by either accountant, eager calls only.
 
   Returns:
     q, a scalar in the inputs' dtype (NaN under jit where no q > 1e-12 reaches the target or
@@ -263,7 +275,13 @@ def calibrate_sampling_rate(target_epsilon: jax.typing.ArrayLike, delta: jax.typ
                        steps=steps, delta=delta)
   validation.check_scalar(target_epsilon=target_epsilon, delta=delta)
   validation.check_schedule(noise_multiplier=noise_multiplier, steps=steps)
-  samplers.check_sampling(sampling, neighboring, None if sampling != "shuffle" else 1, accountant)
+  samplers.check_sampling(sampling, neighboring, 1 if sampling == "shuffle" else dataset_size,
+                          accountant, max_batch_size, truncation=True)
+  if sampling == "truncated_poisson":   # from the Poisson answer (cut batches only add to ε)
+    start = calibrate_sampling_rate(target_epsilon, delta, noise_multiplier, steps)
+    return _pld_calibration("sampling_rate", target_epsilon, delta, start,
+                            truncation=(dataset_size, max_batch_size), accountant=accountant,
+                            orders=orders, noise_multiplier=noise_multiplier, steps=steps)
   if sampling == "shuffle":
     raise ValueError("calibrate_sampling_rate does not offer sampling='shuffle': its ε depends on "
                      "the batch size only through the number of epochs; calibrate the steps "
@@ -284,7 +302,7 @@ def calibrate_steps(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.Arra
                     orders: jax.typing.ArrayLike | None = None,
                     accountant: str = "rdp", sampling: str = "poisson",
                     neighboring: str | None = None,
-                    dataset_size: int | None = None) -> jax.Array:
+                    dataset_size: int | None = None, max_batch_size=None) -> jax.Array:
   r"""Largest whole number of steps whose ε is at most ``target_epsilon`` (safe side).
 
   ε is non-decreasing in the step count; integer bisection on [0, max_steps]. Returns 0 when
@@ -300,9 +318,10 @@ def calibrate_steps(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.Arra
     orders: the order grid (default :data:`jaxrdp.DEFAULT_ORDERS`).
     accountant: ``"rdp"`` (default) or ``"pld"`` (tight; float64, eager calls only; the
       count returned was checked with ``dpsgd_epsilon(..., accountant="pld")``).
-    sampling, neighboring, dataset_size: how the batches are drawn, as in
+    sampling, neighboring, dataset_size, max_batch_size: how the batches are drawn, as in
       :func:`jaxrdp.dpsgd_epsilon` (``"shuffle"``: whole epochs of ⌊n/B⌋ steps, the most that
-      the epochs' Gaussian mechanisms allow, capped at ``max_steps``).
+      the epochs' Gaussian mechanisms allow, capped at ``max_steps``; ``"truncated_poisson"``:
+      a host search on its ε by either accountant, eager calls only).
 
   Returns:
     The step count, a scalar in the inputs' dtype (under jit: 0 where not even one step
@@ -318,7 +337,22 @@ def calibrate_steps(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.Arra
   validation.check_scalar(target_epsilon=target_epsilon, delta=delta,
                           sampling_rate=sampling_rate, noise_multiplier=noise_multiplier)
   max_steps = validation.check_int("max_steps", max_steps, lo=1)
-  samplers.check_sampling(sampling, neighboring, dataset_size, accountant)
+  samplers.check_sampling(sampling, neighboring, dataset_size, accountant, max_batch_size,
+                          truncation=True)
+  if sampling == "truncated_poisson":   # from the Poisson answer (cut batches only add to ε)
+    try:
+      start = calibrate_steps(target_epsilon, delta, sampling_rate, noise_multiplier,
+                              max_steps=max_steps)
+    except ValueError:
+      start = 0.0
+    steps = _pld_calibration("steps", target_epsilon, delta, start, max_steps=max_steps,
+                             truncation=(dataset_size, max_batch_size), accountant=accountant,
+                             orders=orders, sampling_rate=sampling_rate,
+                             noise_multiplier=noise_multiplier)
+    if float(steps) == 0:
+      raise ValueError(f"target_epsilon={float(target_epsilon)} is not reachable even with one "
+                       "step.")
+    return steps
   if sampling == "shuffle":
     samplers.check_batches(sampling_rate, dataset_size)
     q, sigma, _ = schedule_phases(sampling_rate, noise_multiplier, 1.0)
@@ -377,23 +411,30 @@ def _calibrate_steps(target, delta, per_step, grid, max_steps):
 # Calibration with the PLD accountant.
 
 
-def _pld_calibration(unknown, target, delta, safe, max_steps=None, **fixed):
-  """The calibration of ``unknown`` (noise_multiplier, sampling_rate or steps) on the PLD ε.
+def _pld_calibration(unknown, target, delta, safe, max_steps=None, truncation=None,
+                     accountant="pld", orders=None, **fixed):
+  """The calibration of ``unknown`` (noise_multiplier, sampling_rate or steps) on the PLD ε,
+  or with ``truncation`` ((N, B) of truncated Poisson sampling) on that sampler's ε by
+  ``accountant``.
 
   ``safe`` is the RDP calibration's answer: RDP's ε bounds the PLD's (both are upper bounds of
   the same ε, and the PLD's is the tight one), so it meets the target under PLD too and is
   one end of the bracket. The other end is found by steps of 25 % away from it until the
   target is missed (PLD typically needs 5–10 % less noise than RDP, so the bracket is narrow
-  and its grid often has the rounded sizes of the answer's: fewer compilations). One grid, sized for the widest schedule of the bracket, serves every evaluation
-  of the search (one compiled program: the value being calibrated is an argument, not a
-  shape); the search is the safe-side regula falsi of :func:`_host_boundary` in log σ or
-  log q, and a bisection for the step count. The answer is then checked with the grid that
-  ``dpsgd_epsilon(..., accountant="pld")`` sizes for it, and moved toward ``safe`` by 1e-7
-  relative (one step) until it meets the target there."""
+  and its grid often has the rounded sizes of the answer's: fewer compilations). With
+  truncation the start (the Poisson answer) may miss the target instead (cut batches only add
+  to ε): the steps of 25 % then go the other way until it is met. One grid, sized for the
+  widest schedule of the bracket, serves every evaluation of the search (one compiled
+  program: the value being calibrated is an argument, not a shape); the search is the
+  safe-side regula falsi of :func:`_host_boundary` in log σ or log q, and a bisection for the
+  step count. The answer is then checked with the grid that ``dpsgd_epsilon(...,
+  accountant="pld")`` sizes for it, and moved toward ``safe`` by 1e-7 relative (one step)
+  until it meets the target there."""
   values = {k: np.asarray(v, np.float64) for k, v in fixed.items()}
   if not validation.is_concrete((target, delta, safe, values)):
-    raise ValueError("calibration with accountant='pld' runs eagerly (its grid sizes depend on "
-                     "the values); call it outside jax.jit.")
+    raise ValueError(f"calibration with accountant={accountant!r}"
+                     f"{'' if truncation is None else ' of truncated Poisson batches'} runs "
+                     "eagerly (its grid sizes depend on the values); call it outside jax.jit.")
   target, delta, safe = float(target), float(delta), float(safe)
   as_schedule = {"noise_multiplier": lambda v: (values["sampling_rate"], v, values["steps"]),
                  "sampling_rate": lambda v: (v, values["noise_multiplier"], values["steps"]),
@@ -402,26 +443,56 @@ def _pld_calibration(unknown, target, delta, safe, max_steps=None, **fixed):
   outward = {"noise_multiplier": 0.8, "sampling_rate": 1.25, "steps": 1.25}[unknown]
   limit = {"noise_multiplier": _SIGMA_MIN, "sampling_rate": 1.0,
            "steps": float(max_steps or 0)}[unknown]
+  inner_limit = {"noise_multiplier": _SIGMA_MAX, "sampling_rate": _Q_MIN, "steps": 0.0}[unknown]
   clip = min if outward > 1 else max
+  sizes = {} if truncation is None else {"dataset_size": truncation[0],
+                                         "max_batch_size": truncation[1]}
+
+  def grid_for(v):
+    if accountant != "pld":
+      return None
+    phases = pld.checked_phases(*as_schedule(np.float64(v)), "calibration")
+    host, _ = pld.truncation_of(*(truncation or (None, None)), phases[2].shape[0])
+    return pld.grid_of(*phases, None, np.float64(delta), host)
 
   def epsilon(v, grid=None):
+    if accountant != "pld":   # truncated Poisson batches by RDP: dpsgd_epsilon's account
+      return float(dpsgd_epsilon(*as_schedule(np.float64(v)), np.float64(delta), orders=orders,
+                                 sampling="truncated_poisson", **sizes))
     q, sigma, t = pld.checked_phases(*as_schedule(np.float64(v)), "calibration with accountant='pld'")
+    host, graph = pld.truncation_of(*(truncation or (None, None)), t.shape[0])
     return float(pld.pld_epsilon_unchecked(q, sigma, t, np.float64(delta),
-                                           pld.grid_of(q, sigma, t, grid, np.float64(delta))))
+                                           pld.grid_of(q, sigma, t, grid, np.float64(delta), host),
+                                           graph))
 
-  far = safe
-  while True:   # the bracket's far end: the first value (steps of 25 %) that misses the target
-    nxt = clip(far * outward, limit)
-    if unknown == "steps":   # whole counts, at least one more (1.25·far rounds down to far)
-      nxt = float(min(max(math.floor(nxt), far + 1), limit))
-    grid = pld.grid_of(*pld.checked_phases(*as_schedule(np.float64(nxt)), "calibration"), None,
-                       np.float64(delta))
-    if nxt == far or epsilon(nxt, grid) > target:
-      break
-    far = nxt
-  if nxt == far:   # the limit itself meets the target (q = 1, max_steps, σ = 1e-4)
-    return validation.to_device(far, np.float64)
-  near, far = far, nxt
+  grid = grid_for(safe)
+  if epsilon(safe, grid) > target:   # (truncation) the start misses: step inward until met
+    far = safe
+    while True:
+      nxt = (max if outward > 1 else min)(far / outward, inner_limit)
+      if unknown == "steps":
+        nxt = float(max(min(math.ceil(nxt), far - 1), 0))
+      if epsilon(nxt, grid) <= target:
+        break
+      if nxt == far:
+        raise ValueError(f"target_epsilon={target} is not reachable by calibrating "
+                         f"{unknown.replace('_', ' ')} (truncated Poisson batches"
+                         f"{', RDP: the overflows alone exceed delta' if accountant != 'pld' else ''}).")
+      far = nxt
+    near = nxt
+  else:
+    far = safe
+    while True:   # the bracket's far end: the first value (steps of 25 %) that misses the target
+      nxt = clip(far * outward, limit)
+      if unknown == "steps":   # whole counts, at least one more (1.25·far rounds down to far)
+        nxt = float(min(max(math.floor(nxt), far + 1), limit))
+      grid = grid_for(nxt)
+      if nxt == far or epsilon(nxt, grid) > target:
+        break
+      far = nxt
+    if nxt == far:   # the limit itself meets the target (q = 1, max_steps, σ = 1e-4)
+      return validation.to_device(far, np.float64)
+    near, far = far, nxt
   if unknown == "steps":
     lo, hi = near, far   # ok(lo), not ok(hi)
     while hi - lo > 1:
@@ -435,6 +506,7 @@ def _pld_calibration(unknown, target, delta, safe, max_steps=None, **fixed):
     s, found = _host_boundary(g, np.float64(sign * math.log(near)), ends[0], ends[1], np.float64)
     answer = math.exp(sign * float(s)) if found else near
     step = lambda v: v * (1 + 1e-7) if unknown == "noise_multiplier" else v * (1 - 1e-7)
+  safe = near
   for _ in range(64):   # the check with dpsgd_epsilon's own grid for the answer
     if epsilon(answer) <= target:
       return validation.to_device(answer, np.float64)

@@ -91,8 +91,9 @@ def check_sampling(sampling: str, neighboring: str | None, dataset_size, account
       raise ValueError(f"sampling={sampling!r} with neighboring={neighboring!r} is not offered: "
                        f"{_WHY_NOT[sampling]}.")
   if sampling == "truncated_poisson" and not truncation:
-    raise ValueError("sampling='truncated_poisson' is accounted by dpsgd_epsilon, pld_epsilon "
-                     "and pld_delta; this function does not take it yet.")
+    raise ValueError("sampling='truncated_poisson' is accounted by dpsgd_epsilon, the "
+                     "calibrations, pld_epsilon and pld_delta; this function does not take it "
+                     "yet.")
   if sampling in ("shuffle", "truncated_poisson"):
     if dataset_size is None:
       raise ValueError(f"sampling={sampling!r} needs dataset_size (the number of examples n).")
