@@ -879,7 +879,9 @@ CLI_EXTRA = [   # (argv, flag named in the message)
     (["epsilon", "--max-batch-size", "10"], "--max-batch-size"),
     (["dpsgd", "--sampling", "truncated_poisson"], "--max-batch-size"),
     (["dpsgd", "--sampling", "truncated_poisson", "--max-batch-size", "0"], "--max-batch-size"),
-    (["calibrate", "--sampling", "truncated_poisson"], "--sampling"),
+    (["calibrate", "--sampling", "truncated_poisson", "--max-batch-size", "10"], "--sampling"),
+    (["calibrate", "--sampling", "truncated_poisson", "--max-batch-size", "10", "--solve-for",
+      "sampling-rate"], "--sampling"),
 ]
 
 

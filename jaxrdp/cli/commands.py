@@ -132,9 +132,9 @@ def sampler(args) -> dict:
          "distribution of fixed-size batches is implemented)")
   only_truncated_takes_max_batch_size(args)
   if args.sampling == "truncated_poisson":
-    if getattr(args, "solve_for", None) is not None:
-      fail("--sampling truncated_poisson is accounted by `jaxrdp epsilon` and `jaxrdp dpsgd`; "
-           "calibrate does not take it yet")
+    if getattr(args, "solve_for", None) == "sampling-rate":
+      fail("--sampling truncated_poisson with --solve-for sampling-rate is not offered (the "
+           "batch size B = q*N is the training run's): solve for steps or the noise multiplier")
     if args.max_batch_size is None:
       fail("--sampling truncated_poisson needs --max-batch-size (the largest batch M)")
     return {"sampling": args.sampling, "dataset_size": args.dataset_size,
@@ -236,6 +236,9 @@ def _calibration_inputs(args):
         "--batch-size they are also reported in epochs)"
   if choose_form(args, (("--sampling-rate",), TRAINING_FLAGS[:2]), ("--steps", "--epochs"),
                  why) == 0:
+    if args.sampling == "truncated_poisson":
+      fail("--sampling truncated_poisson needs --dataset-size and --batch-size (the chance that "
+           "a batch is cut depends on N), not --sampling-rate")
     return args.sampling_rate, args.noise_multiplier, None, []
   q, _ = training_schedule(args.dataset_size, args.batch_size, None)
   return q, args.noise_multiplier, None, None
@@ -265,7 +268,7 @@ def cmd_calibrate(args, out) -> None:
     extra = {} if epochs is None else {"epochs": epochs}
     if args.sampling != "poisson":
       eps = sampler_epsilon(args, q, sigma, steps, args.delta)
-      extra.update(sampling=args.sampling, neighboring="replace_one")
+      extra.update(sampling=args.sampling, neighboring=samplers.RELATION[args.sampling])
     elif args.accountant == "pld":
       eps = pld_epsilon(q, sigma, steps, args.delta)
     else:
@@ -278,7 +281,7 @@ def cmd_calibrate(args, out) -> None:
   how = ("default grid orders" if args.accountant == "rdp"
          else "privacy-loss distribution, tight accounting")
   if args.sampling != "poisson":
-    how += f"; {_SAMPLERS[args.sampling]}, replace-one neighbours"
+    how += f"; {_SAMPLERS[args.sampling]}, {_NEIGHBOURS[samplers.RELATION[args.sampling]]}"
   sampled = "" if args.sampling == "poisson" else f", {_SAMPLERS[args.sampling]}"
   what = f"for ε = {args.epsilon:g} (δ = {args.delta:g}, {args.accountant.upper()}{sampled})"
   if key == "noise_multiplier":
