@@ -15,7 +15,8 @@ from jaxrdp.mechanisms.gaussian import rdp_gaussian
 from jaxrdp.mechanisms.laplace import rdp_laplace
 from jaxrdp.training.microbatch import ClippedGradSum, clipped_grad_sum
 from jaxrdp.accounting.orders import DEFAULT_ORDERS
-from jaxrdp.accounting.pld import PldGrid, pld_delta, pld_epsilon, pld_grid
+from jaxrdp.accounting.pld import (PldGrid, mixture_of_gaussians_delta, mixture_of_gaussians_epsilon,
+                                   mixture_of_gaussians_grid, pld_delta, pld_epsilon, pld_grid)
 from jaxrdp.mechanisms.randomized_response import rdp_randomized_response
 from jaxrdp.mechanisms.relative_gaussian import rdp_relative_gaussian
 from jaxrdp.mechanisms.sampled_gaussian import log_a, rdp_sampled_gaussian
@@ -89,6 +90,9 @@ __all__ = [
     "log_a",
     "optimize_schedule",
     "noisy_sgd_utility",
+    "mixture_of_gaussians_delta",
+    "mixture_of_gaussians_epsilon",
+    "mixture_of_gaussians_grid",
     "pld_delta",
     "pld_epsilon",
     "pld_grid",

@@ -138,10 +138,35 @@ def _pld_api(fn, last, last_value, last_bad):
               last: last_bad, "pld_grid": NOT_A_GRID})
 
 
+def _mixture_api(fn, last, last_value, last_bad):
+  """A mixture-of-Gaussians PLD function: s, c, p and T, then ``last`` (delta or epsilon)."""
+  return Api(fn, {"standard_deviation": 1.0, "sensitivities": [0.0, 1.0],
+                  "probabilities": [0.9, 0.1], "steps": 100, last: last_value},
+             {"standard_deviation": real(1.0, lo=0, lo_open=True),
+              "sensitivities": real(1.0, lo=0) + [Bad(np.zeros(2), ValueError, "none positive"),
+                                                  Bad([1.0, 2.0, 3.0], ValueError, "shape")],
+              "probabilities": real(0.5, lo=0, hi=1) + [Bad([0.5, 0.1], ValueError, "sum")],
+              "steps": real(100, lo=0) + [Bad(2.5, ValueError, "not a whole number")],
+              last: last_bad, "pld_grid": NOT_A_GRID})
+
+
 TABLE = {
     "pld_epsilon": _pld_api(jaxrdp.pld_epsilon, "delta", 1e-5,
                             real(1e-5, lo=0, hi=1, lo_open=True, hi_open=True)),
     "pld_delta": _pld_api(jaxrdp.pld_delta, "epsilon", 1.0, real(1.0, lo=0, inf_ok=True)),
+    "mixture_of_gaussians_epsilon": _mixture_api(jaxrdp.mixture_of_gaussians_epsilon, "delta",
+                                                 1e-5, real(1e-5, lo=0, hi=1, lo_open=True,
+                                                            hi_open=True)),
+    "mixture_of_gaussians_delta": _mixture_api(jaxrdp.mixture_of_gaussians_delta, "epsilon", 1.0,
+                                               real(1.0, lo=0, inf_ok=True)),
+    "mixture_of_gaussians_grid": Api(
+        jaxrdp.mixture_of_gaussians_grid,
+        dict(standard_deviation=1.0, sensitivities=[0.0, 1.0], probabilities=[0.9, 0.1],
+             steps=100, interval=1e-4, tail_mass=1e-15, delta=1e-5),
+        dict(standard_deviation=real(1.0, lo=0, lo_open=True),
+             interval=real(1e-4, lo=0, hi=1, lo_open=True),
+             tail_mass=real(1e-15, lo=0, hi=1, lo_open=True, hi_open=True),
+             delta=real(1e-5, lo=0, hi=1, lo_open=True, hi_open=True, none_ok=True))),
     "pld_grid": Api(
         jaxrdp.pld_grid,
         dict(sampling_rate=0.01, noise_multiplier=1.0, steps=100, interval=1e-4, tail_mass=1e-15,
@@ -535,6 +560,17 @@ def _grid(order):
 
 
 _PLD_GRID = jaxrdp.pld_grid(0.01, 1.0, 100)   # static sizes for the valid schedule
+# A mixture (0, c) with probabilities (1 − p, p): its scalars c and p are the rows' values.
+_MIXTURE = dict(standard_deviation=1.0, sensitivity=1.0, probability=0.1, steps=100.0)
+_MIXTURE_GRID = jaxrdp.mixture_of_gaussians_grid(1.0, [0.0, 1.0], [0.9, 0.1], 100.0)
+_MIXTURE_OUTSIDE = dict(standard_deviation=outside("standard_deviation"),
+                        sensitivity=outside("sensitivities"),
+                        probability=outside("probabilities"), steps=outside("steps"))
+
+
+def _mixture(fn, standard_deviation, sensitivity, probability, steps, **last):
+  return fn(standard_deviation, jnp.stack([0.0, sensitivity]),
+            jnp.stack([1.0 - probability, probability]), steps, **last, pld_grid=_MIXTURE_GRID)
 _SCHEDULE = dict(sampling_rate=0.01, noise_multiplier=1.0, steps=100.0)
 _SCHEDULE_OUTSIDE = dict(sampling_rate=outside("sampling_rate"),
                          noise_multiplier=outside("noise_multiplier"), steps=outside("steps"))
@@ -619,6 +655,12 @@ JIT_TABLE = {
                     dict(_SCHEDULE, delta=1e-5), dict(_PLD_OUTSIDE, delta=outside("delta"))),
     "pld_delta": (lambda **kw: jaxrdp.pld_delta(**kw, pld_grid=_PLD_GRID),
                   dict(_SCHEDULE, epsilon=1.0), dict(_PLD_OUTSIDE, epsilon=outside("epsilon"))),
+    "mixture_of_gaussians_epsilon": (
+        lambda **kw: _mixture(jaxrdp.mixture_of_gaussians_epsilon, **kw),
+        dict(_MIXTURE, delta=1e-5), dict(_MIXTURE_OUTSIDE, delta=outside("delta"))),
+    "mixture_of_gaussians_delta": (
+        lambda **kw: _mixture(jaxrdp.mixture_of_gaussians_delta, **kw),
+        dict(_MIXTURE, epsilon=1.0), dict(_MIXTURE_OUTSIDE, epsilon=outside("epsilon"))),
     "calibrate_noise_multiplier": (
         lambda orders, **kw: jaxrdp.calibrate_noise_multiplier(**kw, orders=_grid(orders)),
         dict(target_epsilon=2.0, delta=1e-5, sampling_rate=0.01, steps=100.0, orders=2.0),
@@ -663,6 +705,8 @@ JIT_TABLE = {
 # values, so under jax.jit they raise TypeError at trace time (never return a number).
 EAGER_ONLY = {
     "pld_grid": lambda x: jaxrdp.pld_grid(x, 1.0, 100),
+    "mixture_of_gaussians_grid": lambda x: jaxrdp.mixture_of_gaussians_grid(x, [0.0, 1.0],
+                                                                             [0.9, 0.1], 100),
     "sweep": lambda x: jaxrdp.sweep(x, np.array([1.0]), np.array([10.0]), np.array([1e-5])),
     "sweep_noise_multiplier": lambda x: jaxrdp.sweep_noise_multiplier(
         x, deltas=np.array([1e-5]), sampling_rates=np.array([0.01]), steps=np.array([10.0])),

@@ -60,6 +60,10 @@ DOMAINS: dict[str, Domain] = {
     # --- the PLD accountant (jaxrdp.accounting.pld) ---
     "pld_interval": Domain(0.0, 1.0, lo_open=True),   # Δ, the loss grid's spacing
     "tail_mass": _OPEN_UNIT,                   # composed mass the window may leave out
+    # the mixture of Gaussians (arXiv 2310.15526): N(0, s²) against Σ_i p_i N(c_i, s²)
+    "standard_deviation": _POSITIVE,
+    "sensitivities": _NON_NEGATIVE,
+    "probabilities": _UNIT,
     # --- other mechanisms ---
     "scale": _NON_NEGATIVE,                    # Laplace b
     "p": Domain(0.5, 1.0),                     # randomized response: truth with probability p

@@ -78,5 +78,6 @@ from jaxrdp.accounting.pld.discretisation import (DEFAULT_INTERVAL, DEFAULT_TAIL
                                                   MAX_ELEMENTS, PldGrid, step_pmfs)
 from jaxrdp.accounting.pld.readout import pld_delta_unchecked, pld_epsilon_unchecked
 from jaxrdp.accounting.pld.sizing import grid_for, grid_of
-from jaxrdp.accounting.pld.api import (checked_phases, pld_delta, pld_epsilon, pld_grid,
-                                       truncation_of)
+from jaxrdp.accounting.pld.api import (checked_phases, mixture_of_gaussians_delta,
+                                       mixture_of_gaussians_epsilon, mixture_of_gaussians_grid,
+                                       pld_delta, pld_epsilon, pld_grid, truncation_of)

@@ -15,8 +15,9 @@ import numpy as np
 from jaxrdp._internal import validation
 from jaxrdp.accounting import composition
 from jaxrdp.accounting.pld.discretisation import DEFAULT_INTERVAL, DEFAULT_TAIL_MASS, PldGrid
-from jaxrdp.accounting.pld.readout import pld_delta_unchecked, pld_epsilon_unchecked
-from jaxrdp.accounting.pld.sizing import _host_values, grid_for, grid_of
+from jaxrdp.accounting.pld.readout import (mixture_delta_unchecked, mixture_epsilon_unchecked,
+                                           pld_delta_unchecked, pld_epsilon_unchecked)
+from jaxrdp.accounting.pld.sizing import _checked_grid, _host_values, grid_for, grid_of, mixture_grid_for
 from jaxrdp.accounting.pld.truncation import log_choose
 
 
@@ -225,3 +226,181 @@ def _evaluate(kernel, sampling_rate, noise_multiplier, steps, name, value, given
   if validation.is_concrete((q, sigma, t, value)):   # checked above: raised where invalid
     return result
   return jnp.where(_valid(q, sigma, t, value, name), result, jnp.nan)
+
+
+# ---------------------------------------------------------------------------------------------
+# The mixture of Gaussians.
+
+
+def mixture_of_gaussians_epsilon(standard_deviation: jax.typing.ArrayLike,
+                                 sensitivities: jax.typing.ArrayLike,
+                                 probabilities: jax.typing.ArrayLike,
+                                 steps: jax.typing.ArrayLike, delta: jax.typing.ArrayLike, *,
+                                 pld_grid: PldGrid | None = None) -> jax.Array:
+  r"""ε(δ) of the mixture-of-Gaussians mechanism composed ``steps`` times, by its PLD.
+
+  The mechanism outputs N(0, s²) on one dataset and Σ_i p_i N(c_i, s²) on its neighbour
+  (dp_accounting's ``MixtureOfGaussiansDpEvent(s, c, p)``, add/remove neighbours): the
+  building block of amplification by cyclic Poisson sampling and of banded matrix
+  mechanisms, whose vector mixture is dominated by the scalar one with each sensitivity
+  vector replaced by its norm (Choquette-Choo, Ganesh, Steinke, Thakurta 2023, arXiv
+  2310.15526, Cor. 4.7). Poisson sampling at rate q is c = (0, 1), p = (1 − q, q), s = σ.
+  The PLD is discretised pessimistically and composed as :func:`pld_epsilon`'s (the larger
+  of the two directions): never below the true ε, within the discretisation's allowance
+  above it (within 1e-6 of dp_accounting's ``PLDAccountant`` on the tested box).
+
+  Args:
+    standard_deviation: s > 0, a scalar or one per phase.
+    sensitivities: c_i ≥ 0, shape (m,) or (phases, m); at least one positive with positive
+      probability.
+    probabilities: p_i in [0, 1], the same shape, summing to one (within 1e-9; normalised).
+    steps: whole numbers ≥ 0, a scalar or one per phase.
+    delta: δ in (0, 1).
+    pld_grid: the static sizes (:func:`mixture_of_gaussians_grid`); required inside
+      ``jax.jit``.
+
+  Returns:
+    ε, a float64 scalar (+inf where δ is below the mass of infinite loss). Jittable,
+    vmappable, differentiable in s, c, p and δ. NaN under jit for invalid arguments.
+
+  Raises:
+    ValueError: an argument outside its range (named, with the range and the value),
+      probabilities that do not sum to one, no positive sensitivity, shapes that do not fit.
+    TypeError: float32 arguments (float64 only).
+
+  References:
+    Choquette-Choo, Ganesh, Steinke, Thakurta, "Privacy Amplification for Matrix
+    Mechanisms", ICLR 2024 (arXiv 2310.15526); Doroshenko et al. 2022 (connect the dots).
+  """
+  return _mixture_evaluate(mixture_epsilon_unchecked, standard_deviation, sensitivities,
+                           probabilities, steps, "delta", delta, pld_grid)
+
+
+def mixture_of_gaussians_delta(standard_deviation: jax.typing.ArrayLike,
+                               sensitivities: jax.typing.ArrayLike,
+                               probabilities: jax.typing.ArrayLike,
+                               steps: jax.typing.ArrayLike, epsilon: jax.typing.ArrayLike, *,
+                               pld_grid: PldGrid | None = None) -> jax.Array:
+  r"""δ(ε) of the mixture-of-Gaussians mechanism composed ``steps`` times, by its PLD: the
+  same PLD as :func:`mixture_of_gaussians_epsilon`, never below the true δ.
+
+  Args:
+    standard_deviation, sensitivities, probabilities, steps, pld_grid: as in
+      :func:`mixture_of_gaussians_epsilon`.
+    epsilon: ε ≥ 0.
+
+  Returns:
+    δ in [0, 1], a float64 scalar (NaN under jit for invalid arguments).
+
+  Raises:
+    ValueError, TypeError: as :func:`mixture_of_gaussians_epsilon`.
+  """
+  return _mixture_evaluate(mixture_delta_unchecked, standard_deviation, sensitivities,
+                           probabilities, steps, "epsilon", epsilon, pld_grid)
+
+
+def mixture_of_gaussians_grid(standard_deviation: jax.typing.ArrayLike,
+                              sensitivities: jax.typing.ArrayLike,
+                              probabilities: jax.typing.ArrayLike,
+                              steps: jax.typing.ArrayLike, *, interval: float = DEFAULT_INTERVAL,
+                              tail_mass: float = DEFAULT_TAIL_MASS,
+                              delta: jax.typing.ArrayLike | None = None) -> PldGrid:
+  """The grid sizes of :func:`mixture_of_gaussians_epsilon` for concrete parameters (as
+  :func:`pld_grid`): pass it as ``pld_grid=`` inside ``jax.jit``.
+
+  Args:
+    standard_deviation, sensitivities, probabilities, steps: as in
+      :func:`mixture_of_gaussians_epsilon` (concrete).
+    interval, tail_mass, delta: as in :func:`pld_grid`.
+
+  Returns:
+    A :class:`PldGrid`.
+
+  Raises:
+    ValueError: an argument outside its range, or a PLD too wide for :data:`MAX_BINS`.
+    TypeError: traced parameters (call it outside ``jax.jit``).
+  """
+  sigma, c, p, t, _ = _mixture_phases(standard_deviation, sensitivities, probabilities, steps)
+  validation.check("pld_interval", interval, name="interval")
+  validation.check("tail_mass", tail_mass)
+  if delta is not None:
+    validation.check("delta", delta)
+  values = [_host_values(v) for v in (sigma, c, p, t)]
+  if any(v is None for v in values):
+    raise TypeError("mixture_of_gaussians_grid needs concrete parameters (it sets array "
+                    "shapes); call it outside jax.jit.")
+  return mixture_grid_for(*values, interval=float(interval), tail_mass=float(tail_mass),
+                          delta=None if delta is None else _host_values(delta))
+
+
+def _mixture_phases(standard_deviation, sensitivities, probabilities, steps):
+  """Checked float64 phases: s and T (P,), c and p (P, m), p normalised (eagerly: ValueError
+  where p does not sum to one within 1e-9, or no positive sensitivity has a positive
+  probability), and whether every phase's p summed to one (the jit side's mask)."""
+  validation.check_all(standard_deviation=standard_deviation, sensitivities=sensitivities,
+                       probabilities=probabilities, steps=steps)
+  c, p = jnp.asarray(sensitivities), jnp.asarray(probabilities)
+  if c.ndim not in (1, 2) or c.shape != p.shape:
+    raise ValueError(f"sensitivities and probabilities must have one shape, (m,) or (phases, m); "
+                     f"got {c.shape} and {p.shape}.")
+  c, p = jnp.atleast_2d(c), jnp.atleast_2d(p)
+  sigma, t = (jnp.atleast_1d(jnp.asarray(v)) for v in (standard_deviation, steps))
+  if sigma.ndim > 1 or t.ndim > 1:
+    raise ValueError(f"standard_deviation and steps must be scalars or 1-D (one per phase); got "
+                     f"shapes {sigma.shape} and {t.shape}.")
+  try:
+    phases = np.broadcast_shapes(sigma.shape, t.shape, c.shape[:1])[0]
+  except ValueError:
+    raise ValueError(f"standard_deviation {sigma.shape}, steps {t.shape} and sensitivities "
+                     f"{c.shape} do not describe one schedule of phases.") from None
+  sigma, t = (jnp.broadcast_to(v, (phases,)) for v in (sigma, t))
+  c, p = (jnp.broadcast_to(v, (phases, c.shape[1])) for v in (c, p))
+  if any(v.dtype != jnp.float64 for v in (sigma, c, p)) and not jax.config.jax_enable_x64:
+    raise TypeError("the mixture-of-Gaussians PLD computes in float64 only: enable 64-bit JAX "
+                    "(jax.config.update('jax_enable_x64', True)).")
+  sigma, c, p, t = (v.astype(jnp.float64) for v in (sigma, c, p, t))
+  total = jnp.sum(p, axis=-1, keepdims=True)
+  if validation.is_concrete((c, p, t)):
+    if np.any(np.abs(np.asarray(total) - 1.0) > 1e-9):
+      raise ValueError(f"probabilities must sum to one (within 1e-9) in every phase; got sums "
+                       f"{np.asarray(total).ravel().tolist()}.")
+    if not np.all(np.any((np.asarray(c) > 0) & (np.asarray(p) > 0), axis=-1)):
+      raise ValueError("sensitivities must hold a positive value with a positive probability in "
+                       "every phase (else the mechanism reveals nothing: nothing to account).")
+    if np.any(np.asarray(t) != np.floor(np.asarray(t))):
+      raise ValueError("steps must be whole numbers for the PLD accountant.")
+  return sigma, c, p / total, t, jnp.all(jnp.abs(total - 1.0) <= 1e-9)
+
+
+def _mixture_valid(sigma, c, p, t, other, other_domain):
+  """The jit-side mask of :func:`_mixture_evaluate` (NaN where False)."""
+  return (jnp.all(validation.in_domain("standard_deviation", sigma))
+          & jnp.all(validation.in_domain("sensitivities", c))
+          & jnp.all(validation.in_domain("probabilities", p))
+          & jnp.all(validation.in_domain("steps", t)) & jnp.all(t == jnp.floor(t))
+          & jnp.all(jnp.any((c > 0) & (p > 0), axis=-1))
+          & validation.in_domain(other_domain, other))
+
+
+def _mixture_evaluate(kernel, standard_deviation, sensitivities, probabilities, steps, name,
+                      value, given_grid):
+  """``kernel(s, c, p, T, value, grid)`` after the public checks, NaN under jit where an
+  argument is invalid (or the probabilities do not sum to one)."""
+  validation.check(name, value)
+  validation.check_scalar(**{name: value})
+  sigma, c, p, t, sums = _mixture_phases(standard_deviation, sensitivities, probabilities, steps)
+  if given_grid is not None:
+    grid = _checked_grid(given_grid)
+  else:
+    values = [_host_values(v) for v in (sigma, c, p, t)]
+    if any(v is None for v in values):
+      raise ValueError("the PLD accountant's array sizes depend on the parameters' values, "
+                       "which are traced here (inside jax.jit): pass pld_grid=jaxrdp."
+                       "mixture_of_gaussians_grid(...) computed outside.")
+    known = _host_values(value) if name == "delta" else None
+    grid = mixture_grid_for(*values, delta=known)
+  value = validation.to_device(value, np.float64)
+  result = kernel(sigma, c, p, t, value, grid)
+  if validation.is_concrete((sigma, c, p, t, value)):
+    return result
+  return jnp.where(_mixture_valid(sigma, c, p, t, value, name) & sums, result, jnp.nan)

@@ -21,7 +21,7 @@ from jaxrdp._internal import loops
 from jaxrdp._internal import numerics
 from jaxrdp.accounting.pld.discretisation import (MAX_ELEMENTS, Lattice, _BLOCK, _LAMBDAS,
                                                   _MASS_FLOOR, _SMALLEST_NORMAL, _U,
-                                                  _WRAP_NATS, _Z, step_pmfs)
+                                                  _WRAP_NATS, _Z, mixture_step_pmfs, step_pmfs)
 
 
 def _usable(lam, interval):
@@ -141,7 +141,14 @@ def _pmf_rounding(mech, start, c, lam, grid):
   reach = (jnp.abs(start) + grid.pmf_bins) * grid.interval
   spread = jnp.where(q > 0, (_Z / sigma_safe + reach + jnp.abs(jnp.log(q_safe)) + 2.0)
                      / grid.interval, 0.0)
-  if len(mech) > 2:
+  if len(mech) == 4:   # a mixture: thresholds (x − c_i)/σ, x from Newton (64 ulps of its terms)
+    c, p = mech[2], mech[3]
+    c_max = jnp.max(c, axis=-1)
+    held = p > 0
+    log_p_min = jnp.min(jnp.where(held, jnp.log(jnp.where(held, p, 1.0)), 0.0), axis=-1)
+    terms = reach + jnp.abs(log_p_min) + c_max * (c_max + _Z * sigma_safe) / sigma_safe**2
+    spread = ((_Z + c_max) / sigma_safe + 3.0 * terms + 2.0) / grid.interval
+  if len(mech) == 5:
     qc = mech[4]
     s = sigma_safe / 2
     inner = (qc > 0) & (qc < 1)
@@ -157,6 +164,8 @@ def _step(mech, grid):
   """:func:`step_pmfs` of the phases' mechanism ``mech`` ((q, σ), or (q, σ, 1 − w, w, q_c) for
   truncated Poisson sampling) on the grid, computed once where it is used twice (a barrier
   keeps XLA from recomputing its error functions inside each consumer's fusion)."""
+  if len(mech) == 4:   # (0, σ, c, p): a mixture of Gaussians
+    return lax.optimization_barrier(mixture_step_pmfs(*mech[1:], grid))
   return lax.optimization_barrier(step_pmfs(mech[0], mech[1], grid, mech[2:] or None))
 
 
@@ -199,7 +208,9 @@ def _phase_chunk(grid: Lattice) -> int:
   return max(1, MAX_ELEMENTS // (2 * max(grid.bins, grid.pmf_bins)))
 
 
-_PADDING = (0.0, 1.0, 1.0, 0.0, 0.0)   # a phase's (q, σ, 1 − w, w, q_c) that adds nothing
+# Padding phases (t = 0: they add nothing; finite values): (q, σ, 1 − w, w, q_c) of Poisson and
+# truncated Poisson phases, (0, σ, c, p) of mixtures of Gaussians.
+_PADDING = {2: (0.0, 1.0), 5: (0.0, 1.0, 1.0, 0.0, 0.0), 4: (0.0, 1.0, 1.0, 1.0)}
 
 
 def _over_phases(sums, mech, t, grid, *extra, steps=None):
@@ -211,8 +222,9 @@ def _over_phases(sums, mech, t, grid, *extra, steps=None):
   if t.shape[0] <= chunk:
     return sums(mech, t, *extra, grid, steps)
   pad = -t.shape[0] % chunk
-  padded = [jnp.pad(v, (0, pad), constant_values=c).reshape(-1, chunk)
-            for v, c in zip(mech + (t,), _PADDING[:len(mech)] + (0.0,))]
+  padded = [jnp.pad(v, [(0, pad)] + [(0, 0)] * (v.ndim - 1),
+                    constant_values=c).reshape((-1, chunk) + v.shape[1:])
+            for v, c in zip(mech + (t,), _PADDING[len(mech)] + (0.0,))]
   def add(total, phases):
     part = sums(phases[:-1], phases[-1], *extra, grid)
     return jax.tree.map(lambda a, b: a | b if a.dtype == bool else a + b, total, part), None

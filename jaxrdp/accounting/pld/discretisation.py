@@ -18,6 +18,8 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
+from jaxrdp._internal import loops
+
 DEFAULT_INTERVAL = 1e-4      # Δ, dp_accounting's PLDAccountant default
 DEFAULT_TAIL_MASS = 1e-15    # the composed tail mass the window may leave out (added to δ)
 MAX_BINS = 1 << 24           # largest FFT circle / step PMF (≈ 0.5 GiB of float64 work arrays)
@@ -286,3 +288,132 @@ def _split(p_mass, q_mass, losses, decay, rise):
   left = jnp.clip(left, 0.0, p_mass)
   pad = [(0, 0)] * (left.ndim - 1)
   return jnp.pad(left, pad + [(0, 1)]) + jnp.pad(p_mass - left, pad + [(1, 0)])
+
+
+# ---------------------------------------------------------------------------------------------
+# One step of the mixture-of-Gaussians mechanism.
+
+_NEWTON_STEPS = 96   # most Newton iterations of the mixture's inverse loss (then flagged)
+
+
+def _mixture_exponents(x, sigma, c, p, xp=jnp):
+  """log p_i + (2 c_i x − c_i²)/(2σ²) for each component (the trailing axis of ``c``, ``p``;
+  x, σ broadcast against it with a trailing axis added): −inf where p_i = 0."""
+  positive = p > 0
+  with np.errstate(divide="ignore"):
+    log_p = xp.where(positive, xp.log(xp.where(positive, p, 1.0)), -xp.inf)
+  s2 = (sigma**2)[..., None]
+  return log_p + (2 * c * x[..., None] - c**2) / (2 * s2)
+
+
+def _mixture_loss(x, sigma, c, p, xp=jnp):
+  """The remove direction's loss L(x) = log Σ_i p_i e^{(2c_i x − c_i²)/(2σ²)} of the pair
+  P = Σ_i p_i N(c_i, σ²), Q = N(0, σ²) (convex and non-decreasing in x for c_i ≥ 0)."""
+  e = _mixture_exponents(x, sigma, c, p, xp)
+  top = xp.max(e, axis=-1)   # finite: some p_i > 0
+  return xp.log(xp.sum(xp.exp(e - top[..., None]), axis=-1)) + top
+
+
+def _mixture_x_of_loss(u, sigma, c, p):
+  r"""(x(u), converged): the inverse of :func:`_mixture_loss` by Newton's method from above.
+
+  L is convex and increasing where it exceeds its infimum L₋ = log Σ_{c_i = 0} p_i (−∞
+  without a zero sensitivity): no x has a loss u ≤ L₋ (x = −∞ there). The iteration starts at
+  x₀ = σ²(u − log p_*)/c_* + c_*/2, where the largest sensitivity's term alone reaches u
+  (L(x₀) ≥ u); Newton's steps on a convex increasing function then stay above the root and
+  decrease to it (quadratically near it), until no point moves by more than 4 ulps (or
+  :data:`_NEWTON_STEPS` steps). ``converged``: |L(x) − u| within 64 ulps of the terms (a
+  point that is not makes the caller's ε +inf)."""
+  star = jnp.argmax(jnp.where(p > 0, c, -1.0), axis=-1)
+  c_star = jnp.take_along_axis(c, star[..., None], axis=-1)[..., 0]
+  p_star = jnp.take_along_axis(p, star[..., None], axis=-1)[..., 0]
+  zero = jnp.sum(jnp.where(c == 0, p, 0.0), axis=-1)
+  floor = jnp.where(zero > 0, jnp.log(jnp.where(zero > 0, zero, 1.0)), -jnp.inf)
+  reachable = (u > floor) & (c_star > 0)
+  s2 = sigma**2
+  c_safe = jnp.where(c_star > 0, c_star, 1.0)
+  u_safe = jnp.where(reachable, u, floor + 1.0)
+  u_safe = jnp.where(jnp.isfinite(u_safe), u_safe, 0.0)
+  x0 = s2 * (u_safe - jnp.log(p_star)) / c_safe + c_safe / 2
+
+  def newton(x, clamp=True):
+    e = _mixture_exponents(x, sigma, c, p)
+    top = lax.stop_gradient(jnp.max(e, axis=-1, keepdims=True))
+    weights = jnp.exp(e - top)
+    total = jnp.sum(weights, axis=-1)
+    value = jnp.log(total) + top[..., 0]
+    slope = jnp.sum(weights * c, axis=-1) / total / s2
+    step = (value - u_safe) / jnp.where(slope > 0, slope, 1.0)
+    step = jnp.maximum(step, 0.0) if clamp else step
+    return x - jnp.where(slope > 0, step, 0.0)
+
+  def moving(carry):
+    i, x, moved = carry
+    return (i < _NEWTON_STEPS) & moved
+
+  def iterate(carry):
+    i, x, _ = carry
+    nxt = newton(x)
+    return i + 1, nxt, jnp.any(x - nxt > 4 * _U * (1.0 + jnp.abs(x)))
+
+  _, x, _ = loops.while_loop(moving, iterate, (0, lax.stop_gradient(x0), jnp.bool_(True)))
+  # The root's derivative by the implicit function theorem (x'(θ) = −∂_θL/∂_xL), from the
+  # converged point: one more Newton step, taken with gradients.
+  x = newton(lax.stop_gradient(x), clamp=False)
+  residual = jnp.abs(_mixture_loss(x, sigma, c, p) - u_safe)
+  scale = jnp.abs(u_safe) + jnp.max(jnp.abs(_mixture_exponents(x, sigma, c, p)) * (p > 0),
+                                    axis=-1) + 1.0
+  converged = ~reachable | (residual <= 64 * _U * scale)
+  return jnp.where(reachable, x, -jnp.inf), converged
+
+
+def _mixture_range(sigma, c, p, xp=jnp):
+  """(lowest, highest) loss of the remove direction over x ∈ [−Zσ, c_max + Zσ]."""
+  top = xp.max(c, axis=-1)
+  return (_mixture_loss(-_Z * sigma, sigma, c, p, xp),
+          _mixture_loss(top + _Z * sigma, sigma, c, p, xp))
+
+
+def mixture_step_pmfs(sigma, c, p, grid):
+  """One step's pessimistic discretised PLD of the mixture-of-Gaussians mechanism, for each
+  phase and both directions (as :func:`step_pmfs`; Choquette-Choo, Ganesh, Steinke, Thakurta
+  2023, arXiv 2310.15526; dp_accounting's ``MixtureGaussianPrivacyLoss``):
+
+  * remove: P = Σ_i p_i N(c_i, σ²), Q = N(0, σ²), L(x) = log Σ_i p_i e^{(2c_i x − c_i²)/(2σ²)};
+  * add: P = N(0, σ²), Q = Σ_i p_i N(c_i, σ²), the loss −L(x) at the same x.
+
+  L is monotone, so each loss interval is an interval of x between the inverses
+  (:func:`_mixture_x_of_loss`), and its masses are differences of Gaussian CDFs, split by
+  connect the dots as the Poisson case. ``sigma`` (P,), ``c``, ``p`` (P, m): sensitivities
+  c_i ≥ 0 and their probabilities (summing to one). Returns (start, pmf, above) as
+  :func:`step_pmfs`; where an inverse did not converge, all of the phase's mass is put at
+  infinite loss (above = 1: ε = +inf)."""
+  interval, pmf_bins = grid.interval, grid.pmf_bins
+  add = jnp.array([[False], [True]])
+  low, high = _mixture_range(sigma, c, p)
+  start = jnp.floor(jnp.where(add, -high, low) / interval).astype(jnp.int64)
+  losses = (start[..., None] + jnp.arange(pmf_bins)) * interval                # (2, P, K)
+  cc, pp = c[:, None, :], p[:, None, :]
+  x, converged = _mixture_x_of_loss(jnp.where(add[..., None], -losses, losses),
+                                    sigma[:, None], cc, pp)
+  # Thresholds of Q = N(0, σ²) and of each component N(c_i, σ²): (1 + m, 2, P, K).
+  shifts = jnp.concatenate([jnp.zeros_like(c[:, :1]), c], axis=-1)               # (P, 1 + m)
+  finite = jnp.isfinite(x)[None]
+  x = jnp.where(jnp.isfinite(x), x, 0.0)   # (no loss this small: no mass, a zero derivative)
+  z = (x[None] - jnp.moveaxis(shifts, -1, 0)[:, None, :, None]) / sigma[:, None]
+  z = jnp.where(finite, z, -jnp.inf)
+  lower, upper = _tail_pair(z)
+  masses = jnp.where(add[..., None], _falling(z, lower, upper), _rising(z, lower, upper))
+  weights = jnp.moveaxis(p, -1, 0)[:, None, :, None]                             # (m, 1, P, 1)
+  mixture = jnp.sum(weights * masses[1:], axis=0)
+  gauss = masses[0]
+  p_mass = jnp.where(add[..., None], gauss, mixture)
+  q_mass = jnp.where(add[..., None], mixture, gauss)
+  mix_lower = jnp.sum(weights[..., 0] * lower[1:, ..., 0], axis=0)
+  mix_upper = jnp.sum(weights[..., 0] * upper[1:, ..., -1], axis=0)
+  below = jnp.where(add, upper[0, ..., 0], mix_lower)
+  above = jnp.where(add, lower[0, ..., -1], mix_upper)
+  pmf = _split(p_mass, q_mass, losses, grid.decay, grid.rise).at[..., 0].add(below)
+  # A phase whose inverse did not converge everywhere: all of its mass at infinite loss
+  # (ε = +inf), never a value resting on an unconverged threshold.
+  return start, pmf, jnp.where(jnp.all(converged, axis=-1), above, 1.0)

@@ -171,3 +171,38 @@ def _pld_delta(q, sigma, t, epsilon, values, truncation=None, *, sizes):
   grid = _lattice_of(values, sizes)
   first, log_mass, p_inf = _composed(_mechanism(q, sigma, truncation), t, grid, epsilon=epsilon)
   return jnp.minimum(_larger(_delta_of(first, log_mass, p_inf, epsilon, grid.interval), q), 1.0)
+
+
+def mixture_epsilon_unchecked(sigma, c, p, t, delta, grid):
+  """ε(δ) of a mixture-of-Gaussians schedule (σ, T (P,); sensitivities ``c``, probabilities
+  ``p`` (P, m); float64) on ``grid``, the larger of the directions'."""
+  values, sizes = lattice(grid)
+  return _mixture_epsilon(sigma, c, p, t, delta, values, sizes=sizes)
+
+
+def mixture_delta_unchecked(sigma, c, p, t, epsilon, grid):
+  """δ(ε) of a mixture-of-Gaussians schedule (as :func:`mixture_epsilon_unchecked`)."""
+  values, sizes = lattice(grid)
+  return _mixture_delta(sigma, c, p, t, epsilon, values, sizes=sizes)
+
+
+def _heavy(arguments):
+  """The mixture kernels compile for run time (XLA's default options): their Newton loop over
+  the grid runs ~100x slower under the light options of eager calls."""
+  return 1 << 40
+
+
+@compilation.jit(static_argnames=("sizes",), work=_heavy)
+def _mixture_epsilon(sigma, c, p, t, delta, values, *, sizes):
+  grid = _lattice_of(values, sizes)
+  q = jnp.zeros_like(sigma)   # no Poisson rate: the directions differ (the larger is taken)
+  first, log_mass, p_inf = _composed((q, sigma, c, p), t, grid, delta=delta)
+  return _larger(_epsilon_of(first, log_mass, p_inf, delta, grid.interval), q)
+
+
+@compilation.jit(static_argnames=("sizes",), work=_heavy)
+def _mixture_delta(sigma, c, p, t, epsilon, values, *, sizes):
+  grid = _lattice_of(values, sizes)
+  q = jnp.zeros_like(sigma)
+  first, log_mass, p_inf = _composed((q, sigma, c, p), t, grid, epsilon=epsilon)
+  return jnp.minimum(_larger(_delta_of(first, log_mass, p_inf, epsilon, grid.interval), q), 1.0)

@@ -18,7 +18,8 @@ from jaxrdp.accounting.pld.truncation import host_weights
 from jaxrdp.accounting.pld.discretisation import (DEFAULT_INTERVAL, DEFAULT_TAIL_MASS, MAX_BINS,
                                                   MAX_ELEMENTS, PldGrid, _BLOCK, _LAMBDAS,
                                                   _LOWER_TAIL_MASS, _READ_BLOCK, _WRAP_NATS, _Z,
-                                                  _log_ratio, _replace_loss, _replace_range)
+                                                  _log_ratio, _mixture_loss, _mixture_range,
+                                                  _replace_loss, _replace_range)
 
 
 def _fast_size(n: int, multiple: int = 1) -> int:
@@ -163,16 +164,21 @@ def grid_for(q, sigma, t, interval=DEFAULT_INTERVAL, tail_mass=DEFAULT_TAIL_MASS
   if truncation is not None:
     n, b = truncation
     b = np.broadcast_to(np.asarray(b, np.int64), shape).reshape(-1, shape[-1])
+  def schedules():
+    for i, row in enumerate(zip(q, sigma, t)):
+      used = (row[0] > 0) & (row[1] > 0) & (row[2] > 0)
+      if np.any(used):
+        qi, si, ti = (v[used] for v in row)
+        weights = None if truncation is None else host_weights(n, b[i][used], qi)
+        yield (_step_range(qi, si, weights, tail_mass), *_host_log_mgf(qi, si, ti, weights))
+  return _sized(schedules(), interval, tail_mass, delta)
+
+
+def _sized(schedules, interval, tail_mass, delta) -> PldGrid:
+  """The grid of schedules given as (step range, λ, K) each (:func:`grid_for`)."""
   pmf_bins, bins = 2, 1
-  for i, row in enumerate(zip(q, sigma, t)):
-    used = (row[0] > 0) & (row[1] > 0) & (row[2] > 0)
-    if not np.any(used):
-      continue
-    qi, si, ti = (v[used] for v in row)
-    weights = None if truncation is None else host_weights(n, b[i][used], qi)
-    pmf_bins = max(pmf_bins,
-                   int(math.ceil(_step_range(qi, si, weights, tail_mass) / interval)) + 2)
-    lam, k_total = _host_log_mgf(qi, si, ti, weights)
+  for step_range, lam, k_total in schedules:
+    pmf_bins = max(pmf_bins, int(math.ceil(step_range / interval)) + 2)
     low, high = _host_window(lam, k_total, tail_mass)
     width = high - low
     if delta is not None:
@@ -190,6 +196,39 @@ def grid_for(q, sigma, t, interval=DEFAULT_INTERVAL, tail_mass=DEFAULT_TAIL_MASS
           f"more than the {MAX_BINS:,} allowed; use a larger interval (about "
           f"{interval * n / MAX_BINS:.2g}) or accountant='rdp'.")
   return PldGrid(float(interval), _fast_size(pmf_bins, _BLOCK), bins, float(tail_mass))
+
+
+def mixture_grid_for(sigma, c, p, t, interval=DEFAULT_INTERVAL, tail_mass=DEFAULT_TAIL_MASS,
+                     delta=None) -> PldGrid:
+  """The grid for concrete mixture-of-Gaussians schedules: σ and T (P,), sensitivities ``c``
+  and probabilities ``p`` (P, m) (as :func:`grid_for`, one schedule)."""
+  if delta is not None:
+    delta = np.asarray(delta, np.float64)
+    tail_mass = min(float(tail_mass), 1e-3 * float(np.min(delta)))
+  sigma, c, p, t = (np.asarray(v, np.float64) for v in (sigma, c, p, t))
+  used = t > 0
+  if not np.any(used):
+    return _sized(iter(()), interval, tail_mass, delta)
+  sigma, c, p, t = sigma[used], c[used], p[used], t[used]
+  low, high = _mixture_range(sigma, c, p, np)
+  step_range = float(np.max(high - low))
+  # K of each direction by a quadrature of the loss over x ∈ [−Zσ, c_max + Zσ].
+  lam = np.concatenate([-_LAMBDAS[::-1], _LAMBDAS])
+  s = sigma[:, None]
+  x = -_Z * s + (np.max(c, axis=-1)[:, None] + 2 * _Z * s) * np.linspace(0.0, 1.0, 1025)
+  loss = _mixture_loss(x, s, c[:, None, :], p[:, None, :], np)
+  log_phi0 = _log_normal(x, 0.0, s)
+  with np.errstate(divide="ignore"):
+    log_mix = np.logaddexp.reduce(np.log(p)[:, None, :] + _log_normal_many(x, c, s), axis=-1)
+  ks = [_quadrature(log_mix, loss, lam), _quadrature(log_phi0, -loss, lam)]
+  k_total = np.stack([np.sum(t[:, None] * k, axis=0) for k in ks])
+  return _sized(iter([(step_range, lam, k_total)]), interval, tail_mass, delta)
+
+
+def _log_normal_many(x, c, s):
+  """:func:`_log_normal` of each component N(c_i, s²): a trailing axis."""
+  return -0.5 * ((x[..., None] - c[:, None, :]) / s[..., None]) ** 2 + np.log(
+      (x[:, 1:2] - x[:, :1]) / (s * math.sqrt(2 * math.pi)))[..., None]
 
 
 def _host_values(x):

@@ -1,0 +1,95 @@
+"""The mixture-of-Gaussians PLD: its inverse loss, ε against dp_accounting's
+``MixtureOfGaussiansDpEvent``, against Poisson sampling (a mixture of two) and the exact
+Gaussian δ(ε) (a mixture of one), gradients, jit and vmap.
+
+Box: s ∈ [0.8, 2], 1 to 3 components with sensitivities in [0, 2], T ∈ [10, 1000],
+δ ∈ {1e-5, 1e-6}. ε within [1 − 1e-7, 1.01] of dp_accounting's PLD (interval 1e-4); δ(ε) of
+one Gaussian never below the exact value (Balle, Wang 2018, Thm. 8) and within 1e-4 of it."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxrdp
+from jaxrdp.accounting.pld import discretisation
+
+CASES = [(1.0, [0.0, 1.0], [0.996, 0.004], 1000, 1e-5),
+         (1.0, [0.0, 1.0, 2.0], [0.81, 0.18, 0.01], 100, 1e-5),
+         (2.0, [0.0, 1.0, 2.0], [0.9, 0.09, 0.01], 500, 1e-6),
+         (0.8, [1.0], [1.0], 10, 1e-5)]
+
+
+def test_inverse_loss():
+  # x(u) maps back to u through the loss, from just above its infimum log p_0 to far above.
+  sigma, c, p = jnp.array([0.7]), jnp.array([[0.0, 0.5, 2.0]]), jnp.array([[0.6, 0.3, 0.1]])
+  u = jnp.concatenate([math.log(0.6) + jnp.logspace(-12, 0, 40), jnp.linspace(0.5, 40.0, 80)])
+  x, converged = discretisation._mixture_x_of_loss(u[None], sigma[:, None], c[:, None],
+                                                   p[:, None])
+  assert bool(jnp.all(converged))
+  back = discretisation._mixture_loss(x, sigma[:, None], c[:, None], p[:, None])
+  np.testing.assert_allclose(np.asarray(back)[0], np.asarray(u), rtol=1e-12, atol=1e-13)
+  # Below the infimum no x has that loss.
+  below, ok = discretisation._mixture_x_of_loss(jnp.array([[math.log(0.6) - 0.1]]), sigma[:, None],
+                                                c[:, None], p[:, None])
+  assert float(below[0, 0]) == -np.inf and bool(ok[0, 0])
+
+
+@pytest.mark.parametrize("sigma, c, p, steps, delta", CASES)
+def test_epsilon_against_dp_accounting(sigma, c, p, steps, delta):
+  dp_accounting = pytest.importorskip("dp_accounting")
+  accountant = dp_accounting.pld.PLDAccountant()
+  accountant.compose(dp_accounting.dp_event.MixtureOfGaussiansDpEvent(sigma, c, p), steps)
+  reference = accountant.get_epsilon(delta)
+  eps = float(jaxrdp.mixture_of_gaussians_epsilon(sigma, c, p, steps, delta))
+  assert reference * (1 - 1e-7) <= eps <= reference * 1.01
+
+
+def test_two_components_are_poisson_sampling():
+  eps = float(jaxrdp.mixture_of_gaussians_epsilon(1.1, [0.0, 1.0], [0.98, 0.02], 300, 1e-5))
+  assert eps == pytest.approx(float(jaxrdp.pld_epsilon(0.02, 1.1, 300, 1e-5)), rel=1e-6)
+
+
+def _gaussian_delta(mu, eps):
+  """The exact δ(ε) of a Gaussian mechanism N(0, 1) vs N(μ, 1) (Balle, Wang 2018, Thm. 8)."""
+  phi = lambda z: 0.5 * math.erfc(-z / math.sqrt(2))
+  return phi(-eps / mu + mu / 2) - math.exp(eps) * phi(-eps / mu - mu / 2)
+
+
+@pytest.mark.parametrize("steps, eps", [(10, 5.0), (10, 20.0), (40, 30.0)])
+def test_one_component_is_the_gaussian_mechanism(steps, eps):
+  # T compositions of N(0, s²) vs N(1, s²): one Gaussian with μ = √T / s.
+  delta = float(jaxrdp.mixture_of_gaussians_delta(0.8, [1.0], [1.0], steps, eps))
+  exact = _gaussian_delta(math.sqrt(steps) / 0.8, eps)
+  assert exact <= delta <= exact * (1 + 1e-4) + 1e-15
+
+
+def test_gradient_jit_and_vmap():
+  c, p = [0.0, 1.0, 2.0], [0.81, 0.18, 0.01]
+  eps = lambda s: jaxrdp.mixture_of_gaussians_epsilon(s, c, p, 100, 1e-5)
+  slope = float(jax.grad(eps)(1.0))
+  fd = (float(eps(1.0 + 1e-6)) - float(eps(1.0 - 1e-6))) / 2e-6
+  assert slope < 0 and slope == pytest.approx(fd, rel=1e-3)
+  weight = lambda w: jaxrdp.mixture_of_gaussians_epsilon(1.0, c, jnp.stack([0.99 - w, w, 0.01]),
+                                                         100, 1e-5)
+  fd = (float(weight(0.18 + 1e-7)) - float(weight(0.18 - 1e-7))) / 2e-7
+  assert float(jax.grad(weight)(0.18)) == pytest.approx(fd, rel=1e-3)
+  grid = jaxrdp.mixture_of_gaussians_grid(0.9, c, p, 100, delta=1e-5)
+  jitted = jax.jit(lambda s: jaxrdp.mixture_of_gaussians_epsilon(s, c, p, 100, 1e-5,
+                                                                  pld_grid=grid))
+  eager = float(jaxrdp.mixture_of_gaussians_epsilon(1.0, c, p, 100, 1e-5, pld_grid=grid))
+  assert float(jitted(1.0)) == pytest.approx(eager, rel=1e-12)
+  assert eager == pytest.approx(float(eps(1.0)), rel=1e-7)   # its own grid: another window
+  batched = jax.vmap(jitted)(jnp.array([0.9, 1.0, 1.1]))
+  assert float(batched[1]) == pytest.approx(eager, rel=1e-12)
+  assert np.all(np.diff(np.asarray(batched)) < 0)
+
+
+def test_phases_compose():
+  # Two phases of 50 steps each equal one phase of 100.
+  c, p = [[0.0, 1.0], [0.0, 1.0]], [[0.95, 0.05], [0.95, 0.05]]
+  two = float(jaxrdp.mixture_of_gaussians_epsilon([1.0, 1.0], c, p, [50, 50], 1e-5))
+  one = float(jaxrdp.mixture_of_gaussians_epsilon(1.0, c[0], p[0], 100, 1e-5))
+  assert two == pytest.approx(one, rel=1e-6)   # the rounding allowances count the phases
