@@ -37,6 +37,23 @@ def test_inverse_loss():
   assert float(below[0, 0]) == -np.inf and bool(ok[0, 0])
 
 
+def test_inverse_loss_on_a_grid():
+  # The grid path (the loop on every 64th point and around the crossing of the infimum, three
+  # Newton steps elsewhere) on a rising row and a falling one (the add direction's), each
+  # crossing the infimum log p_0 part of the way along.
+  sigma, c, p = jnp.array([0.7]), jnp.array([[0.0, 0.5, 2.0]]), jnp.array([[0.6, 0.3, 0.1]])
+  floor = math.log(0.6)
+  rising = jnp.linspace(floor - 0.3, 25.0, 64 * 20)
+  u = jnp.stack([rising, rising[::-1]])[:, None, :]                       # (2, 1, K)
+  x, converged = discretisation._mixture_x_on_grid(u, sigma[:, None], c[:, None], p[:, None])
+  assert bool(jnp.all(converged))
+  reachable = np.asarray(u > floor)
+  assert np.all(np.isfinite(np.asarray(x)) == reachable)
+  back = np.asarray(discretisation._mixture_loss(jnp.where(u > floor, x, 0.0), sigma[:, None],
+                                                 c[:, None], p[:, None]))
+  np.testing.assert_allclose(back[reachable], np.asarray(u)[reachable], rtol=1e-12, atol=1e-13)
+
+
 @pytest.mark.parametrize("sigma, c, p, steps, delta", CASES)
 def test_epsilon_against_dp_accounting(sigma, c, p, steps, delta):
   dp_accounting = pytest.importorskip("dp_accounting")

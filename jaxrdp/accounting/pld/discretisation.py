@@ -314,7 +314,7 @@ def _mixture_loss(x, sigma, c, p, xp=jnp):
   return xp.log(xp.sum(xp.exp(e - top[..., None]), axis=-1)) + top
 
 
-def _mixture_x_of_loss(u, sigma, c, p):
+def _mixture_x_of_loss(u, sigma, c, p, final_step=True):
   r"""(x(u), converged): the inverse of :func:`_mixture_loss` by Newton's method from above.
 
   L is convex and increasing where it exceeds its infimum L₋ = log Σ_{c_i = 0} p_i (−∞
@@ -327,25 +327,23 @@ def _mixture_x_of_loss(u, sigma, c, p):
   star = jnp.argmax(jnp.where(p > 0, c, -1.0), axis=-1)
   c_star = jnp.take_along_axis(c, star[..., None], axis=-1)[..., 0]
   p_star = jnp.take_along_axis(p, star[..., None], axis=-1)[..., 0]
-  zero = jnp.sum(jnp.where(c == 0, p, 0.0), axis=-1)
-  floor = jnp.where(zero > 0, jnp.log(jnp.where(zero > 0, zero, 1.0)), -jnp.inf)
-  reachable = (u > floor) & (c_star > 0)
+  reachable = (u > _mixture_floor(c, p)) & (c_star > 0)
+  floor = _mixture_floor(c, p)
   s2 = sigma**2
   c_safe = jnp.where(c_star > 0, c_star, 1.0)
   u_safe = jnp.where(reachable, u, floor + 1.0)
   u_safe = jnp.where(jnp.isfinite(u_safe), u_safe, 0.0)
   x0 = s2 * (u_safe - jnp.log(p_star)) / c_safe + c_safe / 2
 
-  def newton(x, clamp=True):
+  def newton(x):
     e = _mixture_exponents(x, sigma, c, p)
-    top = lax.stop_gradient(jnp.max(e, axis=-1, keepdims=True))
+    top = jnp.max(e, axis=-1, keepdims=True)
     weights = jnp.exp(e - top)
     total = jnp.sum(weights, axis=-1)
     value = jnp.log(total) + top[..., 0]
     slope = jnp.sum(weights * c, axis=-1) / total / s2
     step = (value - u_safe) / jnp.where(slope > 0, slope, 1.0)
-    step = jnp.maximum(step, 0.0) if clamp else step
-    return x - jnp.where(slope > 0, step, 0.0)
+    return x - jnp.where(slope > 0, jnp.maximum(step, 0.0), 0.0)
 
   def moving(carry):
     i, x, moved = carry
@@ -357,14 +355,113 @@ def _mixture_x_of_loss(u, sigma, c, p):
     return i + 1, nxt, jnp.any(x - nxt > 4 * _U * (1.0 + jnp.abs(x)))
 
   _, x, _ = loops.while_loop(moving, iterate, (0, lax.stop_gradient(x0), jnp.bool_(True)))
-  # The root's derivative by the implicit function theorem (x'(θ) = −∂_θL/∂_xL), from the
-  # converged point: one more Newton step, taken with gradients.
-  x = newton(lax.stop_gradient(x), clamp=False)
-  residual = jnp.abs(_mixture_loss(x, sigma, c, p) - u_safe)
-  scale = jnp.abs(u_safe) + jnp.max(jnp.abs(_mixture_exponents(x, sigma, c, p)) * (p > 0),
+  x = jnp.where(reachable, x, -jnp.inf)
+  if not final_step:
+    return x, reachable
+  return _mixture_finish(x, u, sigma, c, p)
+
+
+_STRIDE_NEWTON = 64   # the mixture's inverse is solved on every 64th grid point, then refined
+_REFINE_STEPS = 3     # Newton steps from the interpolated start at the other points
+
+
+def _positive_part(u, c, p):
+  """w(u) = log(e^u − p₀) with p₀ = Σ_{c_i = 0} p_i: the target of the positive components'
+  log-sum-exp G(x) = log Σ_{c_i > 0} p_i e^{(2c_i x − c_i²)/(2σ²)} (L(x) = u ⇔ G(x) = w(u)).
+  G has no flat asymptote (its slope is at least min_{c_i > 0} c_i/σ²): Newton's method
+  converges on it from any nearby start. −inf where u ≤ log p₀ (no x)."""
+  zero = jnp.sum(jnp.where(c == 0, p, 0.0), axis=-1)
+  held = zero > 0
+  gap = jnp.log(jnp.where(held, zero, 1.0)) - u                  # log p₀ − u
+  above = gap < 0
+  inside = jnp.log(-jnp.expm1(jnp.where(above, gap, -1.0)))
+  return jnp.where(held, jnp.where(above, u + inside, -jnp.inf), u)
+
+
+def _mixture_x_on_grid(u, sigma, c, p):
+  """:func:`_mixture_x_of_loss` for rows of losses along the last axis (uniform, monotone,
+  longer than 4·:data:`_STRIDE_NEWTON`): the loop of Newton's method runs on every
+  _STRIDE_NEWTON-th point and on the 2·_STRIDE_NEWTON points around the place where a row
+  crosses the loss's infimum (below it no x exists, and near it x falls without bound); every
+  other point starts from the linear interpolation, in w(u) (:func:`_positive_part`),
+  between its segment's ends and takes :data:`_REFINE_STEPS` Newton steps on G(x) = w(u).
+  x(w) is concave (the inverse of a convex increasing function), so the interpolation starts
+  at or below the root, the first step lands above it and the others descend to it. Every
+  point's residual is checked as in :func:`_mixture_x_of_loss` (``converged``)."""
+  k = u.shape[-1]
+  step = _STRIDE_NEWTON
+  if k <= 4 * step:
+    return _mixture_x_of_loss(u, sigma, c, p)
+  coarse_at = np.concatenate([np.arange(0, k, step), [k - 1]])
+  n = coarse_at.size
+  # The window around the crossing of the infimum (at the row's start where there is none).
+  reachable = u > _mixture_floor(c, p)[..., None]
+  crossing = jnp.argmax(reachable != reachable[..., :1], axis=-1)
+  first = jnp.clip(crossing - step, 0, k - 2 * step)
+  window = first[..., None] + jnp.arange(2 * step)                       # (..., 2S)
+  at = jnp.concatenate([jnp.broadcast_to(coarse_at, u.shape[:-1] + (n,)), window], axis=-1)
+  x_slow, _ = _mixture_x_of_loss(jnp.take_along_axis(u, at, axis=-1), sigma, c, p,
+                                 final_step=False)
+  x_c = x_slow[..., :n]
+  w = _positive_part(u, c, p)
+  w_c = w[..., coarse_at]
+  j = np.minimum(np.arange(k) // step, n - 2)                     # the segment of each point
+  left, right = x_c[..., j], x_c[..., j + 1]
+  w_left, w_right = w_c[..., j], w_c[..., j + 1]
+  both = jnp.isfinite(left) & jnp.isfinite(right) & (w_right != w_left) & jnp.isfinite(w)
+  span = jnp.where(both, w_right - w_left, 1.0)
+  frac = jnp.where(both, (jnp.where(both, w, 0.0) - jnp.where(both, w_left, 0.0)) / span, 0.0)
+  left0 = jnp.where(both, left, 0.0)
+  x = left0 + frac * (jnp.where(both, right, 0.0) - left0)
+  positive = c > 0
+  w_safe = jnp.where(both, w, 0.0)
+  for _ in range(_REFINE_STEPS):   # Newton on G(x) = w: its slope is bounded below
+    e = jnp.where(positive, _mixture_exponents(x, sigma, c, p), -jnp.inf)
+    top = jnp.max(e, axis=-1, keepdims=True)
+    weights = jnp.exp(e - top)
+    total = jnp.sum(weights, axis=-1)
+    slope = jnp.sum(weights * c, axis=-1) / total / sigma**2
+    x = x - (jnp.log(total) + top[..., 0] - w_safe) / slope
+  x = jnp.where(both, x, -jnp.inf)
+  # The coarse points and the window, from the loop.
+  x = x.at[..., coarse_at].set(x_c)
+  x = _put_along_last(x, window, x_slow[..., n:])
+  return _mixture_finish(x, u, sigma, c, p)
+
+
+def _put_along_last(x, index, values):
+  """``x`` with ``values`` written at ``index`` along the last axis (leading axes matched)."""
+  flat = x.reshape(-1, x.shape[-1])
+  rows = jnp.arange(flat.shape[0])[:, None]
+  return flat.at[rows, index.reshape(flat.shape[0], -1)].set(
+      values.reshape(flat.shape[0], -1)).reshape(x.shape)
+
+
+def _mixture_finish(x, u, sigma, c, p):
+  """(x, converged) after the search: one more Newton step, taken with gradients (the
+  implicit function theorem: x'(θ) = −∂_θL/∂_xL at the root), and the residual check."""
+  reachable = jnp.isfinite(x)
+  x0 = lax.stop_gradient(jnp.where(reachable, x, 0.0))
+  u_safe = jnp.where(reachable, u, 0.0)
+  e = _mixture_exponents(x0, sigma, c, p)
+  top = lax.stop_gradient(jnp.max(e, axis=-1, keepdims=True))
+  weights = jnp.exp(e - top)
+  total = jnp.sum(weights, axis=-1)
+  slope = jnp.sum(weights * c, axis=-1) / total / sigma**2
+  slope = jnp.where(slope > 0, slope, 1.0)
+  x1 = x0 - (jnp.log(total) + top[..., 0] - u_safe) / slope
+  residual = jnp.abs(_mixture_loss(x1, sigma, c, p) - u_safe)
+  scale = jnp.abs(u_safe) + jnp.max(jnp.abs(_mixture_exponents(x1, sigma, c, p)) * (p > 0),
                                     axis=-1) + 1.0
-  converged = ~reachable | (residual <= 64 * _U * scale)
-  return jnp.where(reachable, x, -jnp.inf), converged
+  unreachable = u <= _mixture_floor(c, p)
+  converged = unreachable | (reachable & (residual <= 64 * _U * scale))
+  return jnp.where(reachable, x1, -jnp.inf), converged
+
+
+def _mixture_floor(c, p):
+  """The infimum of the loss, log Σ_{c_i = 0} p_i (−inf without a zero sensitivity)."""
+  zero = jnp.sum(jnp.where(c == 0, p, 0.0), axis=-1)
+  return jnp.where(zero > 0, jnp.log(jnp.where(zero > 0, zero, 1.0)), -jnp.inf)
 
 
 def _mixture_range(sigma, c, p, xp=jnp):
@@ -394,7 +491,7 @@ def mixture_step_pmfs(sigma, c, p, grid):
   start = jnp.floor(jnp.where(add, -high, low) / interval).astype(jnp.int64)
   losses = (start[..., None] + jnp.arange(pmf_bins)) * interval                # (2, P, K)
   cc, pp = c[:, None, :], p[:, None, :]
-  x, converged = _mixture_x_of_loss(jnp.where(add[..., None], -losses, losses),
+  x, converged = _mixture_x_on_grid(jnp.where(add[..., None], -losses, losses),
                                     sigma[:, None], cc, pp)
   # Thresholds of Q = N(0, σ²) and of each component N(c_i, σ²): (1 + m, 2, P, K).
   shifts = jnp.concatenate([jnp.zeros_like(c[:, :1]), c], axis=-1)               # (P, 1 + m)

@@ -186,13 +186,7 @@ def mixture_delta_unchecked(sigma, c, p, t, epsilon, grid):
   return _mixture_delta(sigma, c, p, t, epsilon, values, sizes=sizes)
 
 
-def _heavy(arguments):
-  """The mixture kernels compile for run time (XLA's default options): their Newton loop over
-  the grid runs ~100x slower under the light options of eager calls."""
-  return 1 << 40
-
-
-@compilation.jit(static_argnames=("sizes",), work=_heavy)
+@compilation.jit(static_argnames=("sizes",), work=_light)
 def _mixture_epsilon(sigma, c, p, t, delta, values, *, sizes):
   grid = _lattice_of(values, sizes)
   q = jnp.zeros_like(sigma)   # no Poisson rate: the directions differ (the larger is taken)
@@ -200,7 +194,7 @@ def _mixture_epsilon(sigma, c, p, t, delta, values, *, sizes):
   return _larger(_epsilon_of(first, log_mass, p_inf, delta, grid.interval), q)
 
 
-@compilation.jit(static_argnames=("sizes",), work=_heavy)
+@compilation.jit(static_argnames=("sizes",), work=_light)
 def _mixture_delta(sigma, c, p, t, epsilon, values, *, sizes):
   grid = _lattice_of(values, sizes)
   q = jnp.zeros_like(sigma)
