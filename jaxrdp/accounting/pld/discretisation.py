@@ -362,7 +362,7 @@ def _mixture_x_of_loss(u, sigma, c, p, final_step=True):
 
 
 _STRIDE_NEWTON = 64   # the mixture's inverse is solved on every 64th grid point, then refined
-_REFINE_STEPS = 3     # Newton steps from the interpolated start at the other points
+_REFINE_STEPS = 2     # Newton steps from the interpolated start at the other points
 
 
 def _positive_part(u, c, p):
