@@ -314,6 +314,19 @@ def _mixture_loss(x, sigma, c, p, xp=jnp):
   return xp.log(xp.sum(xp.exp(e - top[..., None]), axis=-1)) + top
 
 
+def _mixture_value_and_slope(x, sigma, c, p, components=None):
+  """(log Σ_i p_i e^{a_i(x)}, its derivative in x) over the components (all, or where
+  ``components`` is True), a_i(x) = (2c_i x − c_i²)/(2σ²): one log-sum-exp and its softmax
+  (the max taken out without a derivative)."""
+  e = _mixture_exponents(x, sigma, c, p)
+  if components is not None:
+    e = jnp.where(components, e, -jnp.inf)
+  top = lax.stop_gradient(jnp.max(e, axis=-1, keepdims=True))
+  weights = jnp.exp(e - top)
+  total = jnp.sum(weights, axis=-1)
+  return jnp.log(total) + top[..., 0], jnp.sum(weights * c, axis=-1) / total / sigma**2
+
+
 def _mixture_x_of_loss(u, sigma, c, p, final_step=True):
   r"""(x(u), converged): the inverse of :func:`_mixture_loss` by Newton's method from above.
 
@@ -336,12 +349,7 @@ def _mixture_x_of_loss(u, sigma, c, p, final_step=True):
   x0 = s2 * (u_safe - jnp.log(p_star)) / c_safe + c_safe / 2
 
   def newton(x):
-    e = _mixture_exponents(x, sigma, c, p)
-    top = jnp.max(e, axis=-1, keepdims=True)
-    weights = jnp.exp(e - top)
-    total = jnp.sum(weights, axis=-1)
-    value = jnp.log(total) + top[..., 0]
-    slope = jnp.sum(weights * c, axis=-1) / total / s2
+    value, slope = _mixture_value_and_slope(x, sigma, c, p)
     step = (value - u_safe) / jnp.where(slope > 0, slope, 1.0)
     return x - jnp.where(slope > 0, jnp.maximum(step, 0.0), 0.0)
 
@@ -416,12 +424,8 @@ def _mixture_x_on_grid(u, sigma, c, p):
   positive = c > 0
   w_safe = jnp.where(both, w, 0.0)
   for _ in range(_REFINE_STEPS):   # Newton on G(x) = w: its slope is bounded below
-    e = jnp.where(positive, _mixture_exponents(x, sigma, c, p), -jnp.inf)
-    top = jnp.max(e, axis=-1, keepdims=True)
-    weights = jnp.exp(e - top)
-    total = jnp.sum(weights, axis=-1)
-    slope = jnp.sum(weights * c, axis=-1) / total / sigma**2
-    x = x - (jnp.log(total) + top[..., 0] - w_safe) / slope
+    value, slope = _mixture_value_and_slope(x, sigma, c, p, positive)
+    x = x - (value - w_safe) / slope
   x = jnp.where(both, x, -jnp.inf)
   # The coarse points and the window, from the loop.
   x = x.at[..., coarse_at].set(x_c)
@@ -443,13 +447,8 @@ def _mixture_finish(x, u, sigma, c, p):
   reachable = jnp.isfinite(x)
   x0 = lax.stop_gradient(jnp.where(reachable, x, 0.0))
   u_safe = jnp.where(reachable, u, 0.0)
-  e = _mixture_exponents(x0, sigma, c, p)
-  top = lax.stop_gradient(jnp.max(e, axis=-1, keepdims=True))
-  weights = jnp.exp(e - top)
-  total = jnp.sum(weights, axis=-1)
-  slope = jnp.sum(weights * c, axis=-1) / total / sigma**2
-  slope = jnp.where(slope > 0, slope, 1.0)
-  x1 = x0 - (jnp.log(total) + top[..., 0] - u_safe) / slope
+  value, slope = _mixture_value_and_slope(x0, sigma, c, p)
+  x1 = x0 - (value - u_safe) / jnp.where(slope > 0, slope, 1.0)
   residual = jnp.abs(_mixture_loss(x1, sigma, c, p) - u_safe)
   scale = jnp.abs(u_safe) + jnp.max(jnp.abs(_mixture_exponents(x1, sigma, c, p)) * (p > 0),
                                     axis=-1) + 1.0

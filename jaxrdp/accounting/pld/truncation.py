@@ -117,8 +117,8 @@ def truncation_weights(q, n, b, log_c, log_c_error):
   # The rounding of log t_B, and of the window's partial sums of log-ratios (each within a few
   # u of its size) and of the sums of terms: relative.
   size = jnp.abs(log_c) + b * jnp.abs(jnp.log(qs)) + (m - b) * jnp.abs(jnp.log1p(-qs))
-  rounding = (log_c_error + 8 * u * size
-              + 8 * u * _TERMS * (2.0 + jnp.abs(log_odds) + 2 * jnp.log(m + 2.0)))
+  window = 8 * u * _TERMS * (2.0 + jnp.abs(log_odds) + 2 * jnp.log(m + 2.0))
+  rounding = log_c_error + 8 * u * size + window
 
   def log_sum(x, ok):
     x = jnp.where(ok, x, -jnp.inf)
@@ -144,10 +144,11 @@ def truncation_weights(q, n, b, log_c, log_c_error):
   dn_hi = jnp.where(dn_known, jnp.exp(log_t_b + jnp.logaddexp(s_dn, rest_dn) + rounding), 1.0)
   w_lo = jnp.maximum(up_lo, 1.0 - dn_hi)
   w_hi = jnp.maximum(jnp.minimum(jnp.minimum(up_hi, 1.0 - dn_lo), 1.0), w_lo)
-  # q_c: the window's average of q·B/(j + 1) over j ≥ B, raised by its rounding.
+  # q_c: the window's average of q·B/(j + 1) over j ≥ B (log t_B cancels), raised by the
+  # rounding of its weights' logarithms: twice the window's bound, for a ratio of two sums.
   weights = jnp.log(ex(b)) - jnp.log(j_up + 1.0)
   log_avg = log_sum(rel_up + weights, up_ok) - s_up
-  qc = jnp.minimum(qs * jnp.exp(log_avg) * (1.0 + 64 * u * _TERMS), 1.0)
+  qc = jnp.minimum(qs * jnp.exp(log_avg + 2 * window), 1.0)
   poisson = jnp.where(inner, (1.0 - w_lo) * (1 + 4 * u), jnp.where(full, 0.0, 1.0))
   replace = jnp.where(inner, w_hi * (1 + 4 * u), jnp.where(full, 1.0, 0.0))
   qc = jnp.where(inner, qc, jnp.where(full, b_given / n, 0.0))
