@@ -55,6 +55,18 @@ def _load(name):
   return {k: col(k) for k in ("q", "sigma", "alpha", "log_a", "dlog_a_dq", "dlog_a_dsigma")}
 
 
+def peer_references(group):
+  """dp_accounting's ε for the cases of ``group`` in tests/data/peer_references.json
+  (tools/make_peer_references.py), each a dict of the case's arguments, its "epsilon" as a float
+  and an "id" for pytest."""
+  with open(DATA / "peer_references.json") as f:
+    cases = json.load(f)[group]
+  for case in cases:
+    case["epsilon"] = float(case["epsilon"])
+    case["id"] = "-".join(f"{v}" for k, v in case.items() if k not in ("epsilon", "c", "p"))
+  return cases
+
+
 @pytest.fixture(scope="session")
 def log_a_reference():
   """The mpmath reference points (tools/make_references.py), as float64 numpy arrays."""

@@ -3,7 +3,9 @@ loss's inverse, and ε against dp_accounting's ``TruncatedSubsampledGaussianDpEv
 
 Box: N ∈ [10³, 10⁷], B from below the mean to 20 standard deviations above it, q ∈ [1e-3,
 0.5], σ ∈ [0.8, 1.5], T ∈ [500, 3000], δ ∈ {1e-5, 1e-6}. ε within [1 − 1e-7, 1.01] of
-dp_accounting's PLD (interval 1e-4) with ``dataset_size`` N + 1 (the larger neighbour)."""
+dp_accounting's PLD (interval 1e-4) with ``dataset_size`` N + 1 (the larger neighbour; its values
+stored in tests/data/peer_references.json by tools/make_peer_references.py, which a slow test
+recomputes)."""
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +15,8 @@ from scipy import stats
 
 import jaxrdp
 from jaxrdp.accounting.pld import discretisation, truncation
+from conftest import peer_references
+from scripts import load_script
 
 @pytest.mark.parametrize("n, b, q", [
     (60_000, 400, 0.004), (60_000, 300, 0.004), (60_000, 240, 0.004), (60_000, 200, 0.004),
@@ -61,26 +65,30 @@ def test_replace_loss_inverse():
                                  atol=1e-9)
 
 
-def _dp_accounting(n, q, b, sigma, steps, delta):
-  dp_accounting = pytest.importorskip("dp_accounting")
-  accountant = dp_accounting.pld.PLDAccountant()
-  accountant.compose(dp_accounting.TruncatedSubsampledGaussianDpEvent(n, q, b, sigma), steps)
-  return accountant.get_epsilon(delta)
+CASES = peer_references("truncated_poisson")
 
 
-@pytest.mark.parametrize("n, b, q, sigma, steps, delta", [
-    (60_000, 300, 0.004, 1.0, 1000, 1e-5), (60_000, 290, 0.004, 0.8, 3000, 1e-6),
-    (10_000, 130, 0.01, 1.5, 500, 1e-5), (60_000, 330, 0.004, 1.0, 1000, 1e-5)])
-def test_epsilon_against_dp_accounting(n, b, q, sigma, steps, delta):
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case["id"])
+def test_epsilon_against_dp_accounting(case):
+  n, b, q, sigma, steps, delta = (case[k] for k in ("dataset_size", "max_batch_size", "q",
+                                                    "sigma", "steps", "delta"))
   eps = float(jaxrdp.dpsgd_epsilon(q, sigma, steps, delta, accountant="pld",
                                    sampling="truncated_poisson", dataset_size=n,
                                    max_batch_size=b))
-  reference = _dp_accounting(n + 1, q, b, sigma, steps, delta)
-  assert reference * (1 - 1e-7) <= eps <= reference * 1.01
+  assert case["epsilon"] * (1 - 1e-7) <= eps <= case["epsilon"] * 1.01
   # At least the Poisson ε (the truncation term only adds), and more where batches are cut
   # often enough to matter.
   poisson = float(jaxrdp.pld_epsilon(q, sigma, steps, delta))
   assert eps >= poisson
+
+
+@pytest.mark.slow   # dp_accounting: 1 to 3 s per case
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case["id"])
+def test_stored_dp_accounting_values_are_the_installed_ones(case):
+  pytest.importorskip("dp_accounting")
+  fresh = load_script("tools/make_peer_references.py").truncated_poisson_epsilon(
+      *(case[k] for k in ("dataset_size", "max_batch_size", "q", "sigma", "steps", "delta")))
+  assert fresh == pytest.approx(case["epsilon"], rel=1e-12)
 
 
 def test_no_truncation_is_poisson():

@@ -339,12 +339,15 @@ def _mixture_phases(standard_deviation, sensitivities, probabilities, steps):
   probability), and whether every phase's p summed to one (the jit side's mask)."""
   validation.check_all(standard_deviation=standard_deviation, sensitivities=sensitivities,
                        probabilities=probabilities, steps=steps)
-  c, p = jnp.asarray(sensitivities), jnp.asarray(probabilities)
+  arguments = (standard_deviation, sensitivities, probabilities, steps)
+  # On the host where every argument is concrete (eager JAX ops would each compile a program).
+  xp = np if validation.is_concrete(arguments) else jnp
+  sigma, c, p, t = (validation.as_float_array(v) if xp is jnp else np.asarray(v)
+                    for v in arguments)
   if c.ndim not in (1, 2) or c.shape != p.shape:
     raise ValueError(f"sensitivities and probabilities must have one shape, (m,) or (phases, m); "
                      f"got {c.shape} and {p.shape}.")
-  c, p = jnp.atleast_2d(c), jnp.atleast_2d(p)
-  sigma, t = (jnp.atleast_1d(jnp.asarray(v)) for v in (standard_deviation, steps))
+  c, p, sigma, t = xp.atleast_2d(c), xp.atleast_2d(p), xp.atleast_1d(sigma), xp.atleast_1d(t)
   if sigma.ndim > 1 or t.ndim > 1:
     raise ValueError(f"standard_deviation and steps must be scalars or 1-D (one per phase); got "
                      f"shapes {sigma.shape} and {t.shape}.")
@@ -353,22 +356,25 @@ def _mixture_phases(standard_deviation, sensitivities, probabilities, steps):
   except ValueError:
     raise ValueError(f"standard_deviation {sigma.shape}, steps {t.shape} and sensitivities "
                      f"{c.shape} do not describe one schedule of phases.") from None
-  sigma, t = (jnp.broadcast_to(v, (phases,)) for v in (sigma, t))
-  c, p = (jnp.broadcast_to(v, (phases, c.shape[1])) for v in (c, p))
-  if any(v.dtype != jnp.float64 for v in (sigma, c, p)) and not jax.config.jax_enable_x64:
+  if (any(jnp.result_type(v) != jnp.float64 for v in (sigma, c, p))
+      and not jax.config.jax_enable_x64):
     raise TypeError("the mixture-of-Gaussians PLD computes in float64 only: enable 64-bit JAX "
                     "(jax.config.update('jax_enable_x64', True)).")
-  sigma, c, p, t = (v.astype(jnp.float64) for v in (sigma, c, p, t))
-  total = jnp.sum(p, axis=-1, keepdims=True)
+  sigma, t = (xp.broadcast_to(xp.asarray(v, np.float64), (phases,)) for v in (sigma, t))
+  c, p = (xp.broadcast_to(xp.asarray(v, np.float64), (phases, c.shape[1])) for v in (c, p))
+  total = xp.sum(p, axis=-1, keepdims=True)
   if validation.is_concrete((c, p, t)):
-    if np.any(np.abs(np.asarray(total) - 1.0) > 1e-9):
+    host_c, host_p, host_t, host_total = (np.asarray(v) for v in (c, p, t, total))
+    if np.any(np.abs(host_total - 1.0) > 1e-9):
       raise ValueError(f"probabilities must sum to one (within 1e-9) in every phase; got sums "
-                       f"{np.asarray(total).ravel().tolist()}.")
-    if not np.all(np.any((np.asarray(c) > 0) & (np.asarray(p) > 0), axis=-1)):
+                       f"{host_total.ravel().tolist()}.")
+    if not np.all(np.any((host_c > 0) & (host_p > 0), axis=-1)):
       raise ValueError("sensitivities must hold a positive value with a positive probability in "
                        "every phase (else the mechanism reveals nothing: nothing to account).")
-    if np.any(np.asarray(t) != np.floor(np.asarray(t))):
+    if np.any(host_t != np.floor(host_t)):
       raise ValueError("steps must be whole numbers for the PLD accountant.")
+  if xp is np:
+    return sigma, c, p / total, t, True
   return sigma, c, p / total, t, jnp.all(jnp.abs(total - 1.0) <= 1e-9)
 
 

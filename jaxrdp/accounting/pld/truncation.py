@@ -36,12 +36,33 @@ import math
 
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from jaxrdp.accounting import binomial
 
 _TERMS = 4096   # binomial terms on either side of B
 
 _U = float(np.finfo(np.float64).eps) / 2
+
+
+_BLOCK = 64     # terms per block of :func:`_prefix_sums` (_TERMS = _BLOCK²)
+_PREFIX_ROUNDING = 2 * _BLOCK + 2
+
+
+def _prefix_sums(x):
+  """Inclusive prefix sums along the last axis (of length _TERMS): within blocks of _BLOCK
+  terms, and of the blocks' totals, each a product with a triangular matrix of ones (exact
+  products: each sum's rounding is at most (_BLOCK − 1)u times the sum of its terms'
+  magnitudes, whatever order the product adds them in; Higham 2002, §3.1). Each prefix sum is
+  then within _PREFIX_ROUNDING·u (γ over 2·_BLOCK + 2 additions) of the sum of the magnitudes
+  of its terms — a bound that holds on every backend, unlike that of a scan whose order the
+  compiler chooses (``jnp.cumsum``: up to _TERMS − 1 additions in a chain)."""
+  blocks = x.reshape(x.shape[:-1] + (_TERMS // _BLOCK, _BLOCK))
+  upper = jnp.asarray(np.triu(np.ones((_BLOCK, _BLOCK))), x.dtype)   # [i, k] = 1 for i ≤ k
+  inside = jnp.matmul(blocks, upper, precision=lax.Precision.HIGHEST)
+  before = jnp.matmul(inside[..., -1], jnp.asarray(np.triu(np.ones((_BLOCK, _BLOCK)), 1), x.dtype),
+                      precision=lax.Precision.HIGHEST)                 # blocks before each
+  return (inside + before[..., None]).reshape(x.shape)
 
 
 def log_choose(n: int, k: int) -> tuple[float, float]:
@@ -99,55 +120,53 @@ def truncation_weights(q, n, b, log_c, log_c_error):
   log_c = jnp.where(inner, log_c, math.log(2.0))
   log_c_error = jnp.where(inner, log_c_error, 0.0)
   log_odds = jnp.log(qs) - jnp.log1p(-qs)
-  ex = lambda v: v[..., None]
+  ex = lambda v: v[..., None, None]
+  # Both sides of B at once, on an axis (upward, downward) before the terms': j = B + k upward,
+  # j = B − 1 − k downward, and the log-ratio log r_j of each term to the one before.
   k = jnp.arange(_TERMS, dtype=dtype)
-  # Upward from B: j = B + k, log t_j − log t_B = Σ_{i<k} log r_{B+i}.
-  j_up = ex(b) + k
-  up_ok = j_up <= ex(m)
-  log_r_up = (jnp.log(jnp.maximum(ex(m) - j_up, 0.5)) - jnp.log(j_up + 1.0) + ex(log_odds))
-  rel_up = jnp.concatenate([jnp.zeros_like(j_up[..., :1]), jnp.cumsum(log_r_up, -1)[..., :-1]],
-                           axis=-1)
-  # Downward from B − 1: j = B − 1 − k, log t_j − log t_B = −Σ_{i≤k} log r_j.
-  j_dn = ex(b) - 1.0 - k
-  dn_ok = j_dn >= 0
-  log_r_dn = (jnp.log(ex(m) - jnp.maximum(j_dn, 0.0)) - jnp.log(jnp.maximum(j_dn, 0.0) + 1.0)
-              + ex(log_odds))
-  rel_dn = -jnp.cumsum(log_r_dn, -1)
+  j = ex(b) + jnp.stack([k, -1.0 - k])                            # (..., 2, _TERMS)
+  ok = (j <= ex(m)) & (j >= 0)
+  jc = jnp.clip(j, 0.0, ex(m))
+  log_r = jnp.log(jnp.maximum(ex(m) - jc, 0.5)) - jnp.log(jc + 1.0) + ex(log_odds)
+  # log t_j − log t_B: upward Σ_{i<k} log r_{B+i} (the exclusive prefix sum), downward
+  # −Σ_{i≤k} log r_{B−1−i}.
+  inclusive = _prefix_sums(log_r)
+  upward = jnp.arange(2) == 0
+  rel = jnp.where(upward[:, None], inclusive - log_r, -inclusive)
   log_t_b = log_c + b * jnp.log(qs) + (m - b) * jnp.log1p(-qs)
-  # The rounding of log t_B, and of the window's partial sums of log-ratios (each within a few
-  # u of its size) and of the sums of terms: relative.
+  # The rounding of log t_B, and of the window's partial sums of log-ratios (:func:`_prefix_sums`:
+  # within _PREFIX_ROUNDING·u of the sum of the magnitudes, with the log-ratios' own rounding
+  # and the subtraction), and of the sums of terms (_TERMS of them): relative.
   size = jnp.abs(log_c) + b * jnp.abs(jnp.log(qs)) + (m - b) * jnp.abs(jnp.log1p(-qs))
-  window = 8 * u * _TERMS * (2.0 + jnp.abs(log_odds) + 2 * jnp.log(m + 2.0))
+  window = (_PREFIX_ROUNDING + 8) * u * _TERMS * (2.0 + jnp.abs(log_odds) + 2 * jnp.log(m + 2.0))
   rounding = log_c_error + 8 * u * size + window
 
-  def log_sum(x, ok):
+  def log_sum(x):
     x = jnp.where(ok, x, -jnp.inf)
     top = jnp.max(x, -1)                          # finite: the first entry is always ok
     return jnp.log(jnp.sum(jnp.exp(x - top[..., None]), -1)) + top
 
-  def log_rest(last, log_r, ok):
-    """log of the geometric bound on the terms past the window (−inf: there are none;
-    None-like +inf flag returned separately where the ratio is not below 1)."""
-    bounded = log_r < 0
-    r = jnp.where(bounded, log_r, -1.0)
-    value = jnp.where(ok, last + r - jnp.log(-jnp.expm1(r)), -jnp.inf)
-    return value, bounded | ~ok
-
-  s_up = log_sum(rel_up, up_ok)                   # log Σ_{window, j ≥ B} t_j / t_B
-  s_dn = log_sum(rel_dn, dn_ok)                   # (j = B − 1 always exists: B ≥ 1)
-  rest_up, up_known = log_rest(rel_up[..., -1], log_r_up[..., -1], up_ok[..., -1])
-  rest_dn, dn_known = log_rest(rel_dn[..., -1], -log_r_dn[..., -1], dn_ok[..., -1])
-  # w ∈ [w_lo, w_hi] from each side (t_B's scale restored, each end moved out by the rounding).
-  up_lo = jnp.exp(log_t_b + s_up - rounding)
-  up_hi = jnp.where(up_known, jnp.exp(log_t_b + jnp.logaddexp(s_up, rest_up) + rounding), 1.0)
-  dn_lo = jnp.exp(log_t_b + s_dn - rounding)
-  dn_hi = jnp.where(dn_known, jnp.exp(log_t_b + jnp.logaddexp(s_dn, rest_dn) + rounding), 1.0)
-  w_lo = jnp.maximum(up_lo, 1.0 - dn_hi)
-  w_hi = jnp.maximum(jnp.minimum(jnp.minimum(up_hi, 1.0 - dn_lo), 1.0), w_lo)
+  # log Σ_{window} t_j / t_B on each side (j = B − 1 always exists downward: B ≥ 1), and the
+  # geometric bound on the terms past the window (their ratio to the one before falls with
+  # the distance from B; a side whose last ratio is not below 1, upward log r, downward
+  # −log r, has no bound: +inf), −inf where there are none.
+  sums = log_sum(rel)                                                # (..., 2)
+  last_r = jnp.where(upward, log_r[..., -1], -log_r[..., -1])
+  bounded = last_r < 0
+  r = jnp.where(bounded, last_r, -1.0)
+  rest = jnp.where(ok[..., -1], rel[..., -1] + r - jnp.log(-jnp.expm1(r)), -jnp.inf)
+  known = bounded | ~ok[..., -1]
+  # w ∈ [w_lo, w_hi] from each side (t_B's scale restored, each end moved out by the rounding):
+  # upward w ≥ the window's terms, w ≤ them and the rest; downward 1 − w likewise.
+  lo = jnp.exp(ex(log_t_b)[..., 0] + sums - ex(rounding)[..., 0])
+  hi = jnp.where(known, jnp.exp(ex(log_t_b)[..., 0] + jnp.logaddexp(sums, rest)
+                                + ex(rounding)[..., 0]), 1.0)
+  w_lo = jnp.maximum(lo[..., 0], 1.0 - hi[..., 1])
+  w_hi = jnp.maximum(jnp.minimum(jnp.minimum(hi[..., 0], 1.0 - lo[..., 1]), 1.0), w_lo)
   # q_c: the window's average of q·B/(j + 1) over j ≥ B (log t_B cancels), raised by the
   # rounding of its weights' logarithms: twice the window's bound, for a ratio of two sums.
-  weights = jnp.log(ex(b)) - jnp.log(j_up + 1.0)
-  log_avg = log_sum(rel_up + weights, up_ok) - s_up
+  weights = jnp.log(ex(b)) - jnp.log(jc + 1.0)
+  log_avg = log_sum(rel + weights)[..., 0] - sums[..., 0]
   qc = jnp.minimum(qs * jnp.exp(log_avg + 2 * window), 1.0)
   poisson = jnp.where(inner, (1.0 - w_lo) * (1 + 4 * u), jnp.where(full, 0.0, 1.0))
   replace = jnp.where(inner, w_hi * (1 + 4 * u), jnp.where(full, 1.0, 0.0))
