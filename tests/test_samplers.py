@@ -383,7 +383,9 @@ def test_transform_refuses_a_pld_log_for_fixed_batches_and_unknown_samplers():
 
 
 @pytest.mark.parametrize("kwargs", [dict(sampling="fixed"),
-                                    dict(sampling="shuffle", dataset_size=60_000)])
+                                    dict(sampling="shuffle", dataset_size=60_000),
+                                    dict(sampling="truncated_poisson", dataset_size=60_000,
+                                         max_batch_size=300)])
 def test_sweep_cells_equal_dpsgd_epsilon_on_the_grid_orders(kwargs):
   q = np.array([64 / 60_000, 256 / 60_000])
   sigma, t, delta = np.array([0.8, 2.0]), np.array([0.0, 233.0, 235.0, 14_063.0]), np.array([1e-5])
@@ -391,6 +393,41 @@ def test_sweep_cells_equal_dpsgd_epsilon_on_the_grid_orders(kwargs):
   expected = np.array([[[[float(jaxrdp.dpsgd_epsilon(a, s, n, d, refine_order=False, **kwargs))
                           for d in delta] for n in t] for s in sigma] for a in q])
   np.testing.assert_allclose(eps, expected, rtol=1e-12)
+  if kwargs["sampling"] == "truncated_poisson":
+    # Batches of 256 on average overflow 300 often enough over 14,063 steps to exceed δ/2
+    # (+inf), and batches of 64 never do in effect (the Poisson ε, a little more).
+    poisson = np.asarray(jaxrdp.sweep(q, sigma, t, delta))
+    assert np.all(np.isinf(eps[1, :, 3])) and np.all(np.isfinite(eps[0]))
+    assert np.all(eps[0] >= poisson[0]) and np.all(eps[0] <= poisson[0] * 1.01 + 1e-12)
+
+
+def test_sweep_refuses_truncated_poisson_without_its_sizes():
+  axes = (np.array([0.01]), np.array([1.0]), np.array([10.0]), np.array([1e-5]))
+  with pytest.raises(ValueError, match="max_batch_size"):
+    jaxrdp.sweep(*axes, sampling="truncated_poisson", dataset_size=1000)
+  with pytest.raises(ValueError, match="dataset_size"):
+    jaxrdp.sweep(*axes, sampling="truncated_poisson", max_batch_size=10)
+  with pytest.raises(ValueError, match="max_batch_size"):
+    jaxrdp.sweep(*axes, sampling="truncated_poisson", dataset_size=1000, max_batch_size=0)
+  with pytest.raises(TypeError, match="max_batch_size"):
+    jaxrdp.sweep(*axes, sampling="truncated_poisson", dataset_size=1000, max_batch_size=[10, 20])
+  with pytest.raises(ValueError, match="max_batch_size applies"):
+    jaxrdp.sweep(*axes, max_batch_size=10)
+
+
+def test_cli_sweeps_truncated_poisson_batches(tmp_path, capsys):
+  from jaxrdp.cli import main as cli
+  out = tmp_path / "eps.csv"
+  argv = ["sweep", "--sampling-rates", "0.004,0.005", "--noise-multipliers", "1,1.5", "--steps",
+          "1000", "--deltas", "1e-5", "--sampling", "truncated_poisson", "--dataset-size",
+          "60000", "--max-batch-size", "320", "--out", str(out)]
+  assert cli.main(argv) == 0
+  assert "truncated Poisson" in capsys.readouterr().out
+  rows = np.loadtxt(out, delimiter=",", skiprows=1)
+  expected = [float(jaxrdp.dpsgd_epsilon(a, s, 1000, 1e-5, refine_order=False,
+                                         sampling="truncated_poisson", dataset_size=60_000,
+                                         max_batch_size=320)) for a, s in rows[:, :2]]
+  np.testing.assert_allclose(rows[:, 4], expected, rtol=1e-9)
 
 
 def test_a_sweep_written_for_one_sampler_is_not_resumed_with_another(tmp_path):
@@ -434,7 +471,8 @@ def test_cli_answers_truncated_poisson_batches_in_one_command(capsys):
     (["sweep", "--sampling-rates", "0.01", "--noise-multipliers", "1", "--steps", "10",
       "--deltas", "1e-5", "--out", "x.csv", "--sampling", "shuffle"], "--dataset-size"),
     (["sweep", "--sampling-rates", "0.01", "--noise-multipliers", "1", "--steps", "10",
-      "--deltas", "1e-5", "--out", "x.csv", "--sampling", "truncated_poisson"], "sweep does not"),
+      "--deltas", "1e-5", "--out", "x.csv", "--sampling", "truncated_poisson"],
+     "--max-batch-size"),
     (["sweep", "--sampling-rates", "0.01", "--noise-multipliers", "1", "--steps", "10",
       "--deltas", "1e-5", "--out", "x.csv", "--max-batch-size", "10"], "--max-batch-size"),
     (["sweep", "--sampling-rates", "0.01", "--noise-multipliers", "1", "--steps", "10",

@@ -115,22 +115,25 @@ def check_sampling(sampling: str, neighboring: str | None, dataset_size, account
                      "accountant='rdp' (Wang, Balle, Kasiviswanathan 2019).")
 
 
-def overflow_mass(q, t, dataset_size, max_batch_size):
+def overflow_mass(q, t, dataset_size, max_batch_size, total=True):
   r"""An upper bound on Σ_i T_i·P[Binomial(N + 1, q_i) > B_i]: the expected number of steps
   whose Poisson batch overflows B (on the larger neighbour, N + 1 examples), in the graph
-  (:func:`jaxrdp.accounting.pld.truncation.truncation_weights`' w_hi with N + 1 others)."""
+  (:func:`jaxrdp.accounting.pld.truncation.truncation_weights`' w_hi with N + 1 others);
+  ``total=False``: each phase's T_i·P[...] (no sum)."""
   b = np.broadcast_to(np.asarray(max_batch_size, np.int64), t.shape)
-  pairs = [log_choose(dataset_size + 1, int(v) + 1) for v in b]
-  log_c = jnp.asarray([p[0] for p in pairs], q.dtype)
-  error = jnp.asarray([p[1] for p in pairs], q.dtype)
+  pairs = [log_choose(dataset_size + 1, int(v) + 1) for v in np.unique(b)]
+  table = dict(zip(np.unique(b).tolist(), pairs))
+  log_c = jnp.asarray([table[v][0] for v in b.tolist()], q.dtype)
+  error = jnp.asarray([table[v][1] for v in b.tolist()], q.dtype)
   return _overflow_mass(q, t, float(dataset_size + 2), np.asarray(b + 1, np.float64), log_c,
-                        error)
+                        error, total=total)
 
 
-@compilation.jit
-def _overflow_mass(q, t, n, b, log_c, error):
+@compilation.jit(static_argnames=("total",))
+def _overflow_mass(q, t, n, b, log_c, error, *, total=True):
   _, overflow, _ = truncation_weights(q, n, b, log_c, error)
-  return jnp.sum(jnp.where(t > 0, t * overflow, 0.0))
+  per_phase = jnp.where(t > 0, t * overflow, 0.0)
+  return jnp.sum(per_phase) if total else per_phase
 
 
 def additive_epsilon(epsilon_at, delta, overflow):

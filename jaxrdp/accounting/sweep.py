@@ -89,7 +89,8 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
           progress: bool = False, devices: Sequence[jax.Device] | None = None,
           output: str | os.PathLike | None = None, resume: bool = False, gather: bool = True,
           sampling: str = "poisson", neighboring: str | None = None,
-          dataset_size: int | None = None) -> jax.Array | pathlib.Path:
+          dataset_size: int | None = None,
+          max_batch_size: int | None = None) -> jax.Array | pathlib.Path:
   r"""ε of DP-SGD over the grid q × σ × steps × δ (all combinations); Poisson sampling
   unless ``sampling`` says otherwise.
 
@@ -124,12 +125,16 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
       the whole grid on every process (True, the default: one all-gather at the end), or only
       the cells this process computed, NaN elsewhere (False: no communication). Ignored with
       ``output`` (every process returns the path once every part is written).
-    sampling, neighboring, dataset_size: how the batches are drawn, as in
+    sampling, neighboring, dataset_size, max_batch_size: how the batches are drawn, as in
       :func:`jaxrdp.dpsgd_epsilon` (:mod:`jaxrdp.accounting.samplers`): ``"fixed"`` takes the
       per-step RDP of sampling without replacement (at σ/2) in place of the sampled
       Gaussian's; ``"shuffle"`` (with ``dataset_size``; every q·n a whole number) composes
-      one Gaussian mechanism at σ/2 per epoch, the epochs counted per (q, T). Each cell is
-      then ``dpsgd_epsilon(q, σ, T, δ, orders=orders, refine_order=False, sampling=...)``.
+      one Gaussian mechanism at σ/2 per epoch, the epochs counted per (q, T);
+      ``"truncated_poisson"`` (with ``dataset_size`` and ``max_batch_size``, one int B for
+      the whole grid) adds the probability that a batch overflows B to δ (the RDP account of
+      :func:`jaxrdp.accounting.samplers.additive_epsilon`: ε at δ/2, then at δ less the
+      charge; +inf where the overflows alone exceed δ/2). Each cell is then
+      ``dpsgd_epsilon(q, σ, T, δ, orders=orders, refine_order=False, sampling=...)``.
 
   Several processes (``jax.distributed``: one per host, or per GPU): the same call on every
   process spreads the chunks over the processes (chunk i on process i mod P), each computing
@@ -158,7 +163,10 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
   sigma = _grid_axis("noise_multipliers", noise_multipliers, "noise_multiplier")
   t = _grid_axis("steps", steps, "steps")
   delta = _grid_axis("deltas", deltas, "delta")
-  samplers.check_sampling(sampling, neighboring, dataset_size, "rdp")
+  samplers.check_sampling(sampling, neighboring, dataset_size, "rdp", max_batch_size,
+                          truncation=True)
+  if max_batch_size is not None:
+    validation.check_int("max_batch_size", max_batch_size, lo=1)   # one B for the grid
   if sampling == "shuffle":   # every rate of the grid its own schedule
     for rate in np.ravel(np.asarray(sampling_rates, np.float64)):
       samplers.check_batches(rate, dataset_size)
@@ -187,7 +195,9 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
     output = pathlib.Path(os.fspath(output))
     spec = sweep_output.definition((q, sigma, t, delta), grid, dtype, chunk, n_chunks,
                                    mesh.devices.size,
-                                   {"sampling": sampling, "dataset_size": dataset_size})
+                                   {"sampling": sampling, "dataset_size": dataset_size}
+                                   | ({} if max_batch_size is None
+                                      else {"max_batch_size": int(max_batch_size)}))
     # Process 0 prepares the directory; the others join it once it has (a barrier).
     if me == 0:
       skip |= sweep_output.open_output(output, spec, resume)
@@ -210,9 +220,10 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
   split = order_split(grid)
   tables = order_tables(grid, split)
   per_step_fn = {"poisson": lambda: _per_step_rdp_fn(mesh, block, split),
+                 "truncated_poisson": lambda: _per_step_rdp_fn(mesh, block, split),
                  "fixed": lambda: _fixed_rdp_fn(mesh, block, samplers.max_order(grid)),
                  "shuffle": lambda: _gaussian_rdp_fn(mesh, block)}[sampling]()
-  epsilon_fn = _epsilon_fn(mesh, block, sampling == "shuffle")
+  epsilon_fn = _epsilon_fn(mesh, block, sampling if sampling in _PER_PAIR else None)
   # The result (NaN where another process computes), or with ``output`` the chunk being
   # collected (written when complete).
   out = np.full((n_pairs, n_combos) if output is None else (chunk, n_combos), np.nan, dtype)
@@ -229,11 +240,17 @@ def sweep(sampling_rates: jax.typing.ArrayLike, noise_multipliers: jax.typing.Ar
       pending = np.asarray(pending)
       if pending.any():   # rare: the per-order quadrature, compiled only when needed
         rdp = fill_pending(rdp, pending, qc, sc, grid)
-      # Shuffled batches: each pair's steps per epoch (the epochs are counted from T there).
-      per_epoch = (np.asarray(samplers.steps_per_epoch(qc, dataset_size), dtype)
-                   if sampling == "shuffle" else np.ones((qc.size,), dtype))
+      # Per pair: shuffled batches' steps per epoch (the epochs are counted from T there), or
+      # truncated Poisson batches' overflow probability per step.
+      if sampling == "shuffle":
+        per_pair = np.asarray(samplers.steps_per_epoch(qc, dataset_size), dtype)
+      elif sampling == "truncated_poisson":
+        per_pair = samplers.overflow_mass(jnp.asarray(qc), jnp.ones_like(qc), dataset_size,
+                                          max_batch_size, total=False)
+      else:
+        per_pair = np.ones((qc.size,), dtype)
       for c in range(n_calls):
-        yield idx, c, epsilon_fn(rdp, per_epoch, combo_t[c], combo_d[c], grid)
+        yield idx, c, epsilon_fn(rdp, per_pair, combo_t[c], combo_d[c], grid)
 
   def collect(task, bar):
     idx, c, eps = task
@@ -456,21 +473,32 @@ def _gaussian_rdp_fn(mesh, block):
   return _sharded(local, mesh, 2, 2)
 
 
+_PER_PAIR = ("shuffle", "truncated_poisson")   # samplers with a per-pair input to the conversion
+
+
 @functools.lru_cache(maxsize=None)
-def _epsilon_fn(mesh, block, epochs):
-  """Per-step RDP (pairs, K), each pair's steps per epoch (pairs,), T and δ of shape (combo
-  blocks, _COMBO_BLOCK) -> ε of shape (pairs, combos). ``epochs`` (static): T steps count as
-  the epochs they overlap, ⌊(T − 1)/S⌋ + 1 (shuffled batches), not as T."""
-  def local(rdp, per_epoch, combo_t, combo_d, grid):
-    def one_block(rdp, per_epoch):
+def _epsilon_fn(mesh, block, sampling):
+  """Per-step RDP (pairs, K), a per-pair value (pairs,), T and δ of shape (combo blocks,
+  _COMBO_BLOCK) -> ε of shape (pairs, combos). ``sampling`` (static): None (the per-pair
+  value unused), ``"shuffle"`` (it is the steps per epoch S: T steps count as the epochs they
+  overlap, ⌊(T − 1)/S⌋ + 1, not as T) or ``"truncated_poisson"`` (it is the probability that
+  a step's batch overflows: T times it is charged to δ, :func:`samplers.additive_epsilon`)."""
+  def local(rdp, per_pair, combo_t, combo_d, grid):
+    def one_block(rdp, per_pair):
       def one_combo_block(t, d):
         t = t[None, :, None]
-        if epochs:
-          t = samplers.epochs_from_start(t, per_epoch[:, None, None])
-        return compute_epsilon(grid, _compose(rdp[:, None, :], t), d[None, :])[0]
+        steps = t
+        if sampling == "shuffle":
+          steps = samplers.epochs_from_start(t, per_pair[:, None, None])
+        composed = _compose(rdp[:, None, :], steps)
+        epsilon_at = lambda delta: compute_epsilon(grid, composed, delta)[0]
+        if sampling == "truncated_poisson":
+          overflow = jnp.where(t[..., 0] > 0, t[..., 0] * per_pair[:, None], 0.0)
+          return samplers.additive_epsilon(epsilon_at, d[None, :], overflow)
+        return epsilon_at(d[None, :])
       eps = loops.map(lambda td: one_combo_block(*td), (combo_t, combo_d))  # (blocks, pairs, 8)
       return jnp.moveaxis(eps, 0, 1).reshape(rdp.shape[0], -1)
-    return _in_blocks(one_block, block, rdp, per_epoch)
+    return _in_blocks(one_block, block, rdp, per_pair)
   return _sharded(local, mesh, 2, 3)
 
 

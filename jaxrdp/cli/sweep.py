@@ -23,7 +23,9 @@ Range values of --steps are rounded to whole numbers (duplicates dropped).
 
 Batches: Poisson (default); --sampling fixed (batches of q*N drawn without replacement) or
 --sampling shuffle with --dataset-size N (a permutation per epoch), both for replace-one
-neighbours (see the docs' "Which sampler, which accountant").
+neighbours; --sampling truncated_poisson with --dataset-size N --max-batch-size B (Poisson
+batches cut to B examples: the overflows' probability added to delta) (see the docs' "Which
+sampler, which accountant").
 
 Output: --out FILE.csv writes one row per grid point, columns
 sampling_rate,noise_multiplier,steps,delta,epsilon (epsilon at the best grid order, as
@@ -112,8 +114,11 @@ def _write_heatmap(path, q, sigma, eps, steps, delta) -> None:
 def _sampler(args) -> dict:
   """The sweep's sampler arguments for --sampling (bad input where they do not fit)."""
   if args.sampling == "truncated_poisson":
-    fail("--sampling truncated_poisson is accounted by `jaxrdp epsilon` and `jaxrdp dpsgd`; "
-         "sweep does not take it yet")
+    if args.dataset_size is None or args.max_batch_size is None:
+      fail("--sampling truncated_poisson needs --dataset-size and --max-batch-size (batches "
+           "of more examples are cut to that many)")
+    return {"sampling": "truncated_poisson", "dataset_size": args.dataset_size,
+            "max_batch_size": args.max_batch_size}
   if args.max_batch_size is not None:
     fail("--max-batch-size applies to --sampling truncated_poisson only")
   if args.sampling != "shuffle":
@@ -199,6 +204,7 @@ def cmd_sweep(args, out) -> None:
     wrote.append(f"wrote {args.heatmap} (epsilon at steps = {int(steps)}, delta = {delta:g})")
   text = f"ε from {span[0]:.4g} to {span[1]:.4g}" if span is not None else "ε not finite"
   how = {"poisson": "", "fixed": ", fixed-size batches, replace-one neighbours",
+         "truncated_poisson": ", truncated Poisson batches, overflows added to delta",
          "shuffle": ", shuffled batches, replace-one neighbours"}[args.sampling]
   headline(out, f"{text} over {size} grid points (RDP, grid orders{how})")
   print("\n".join(wrote), file=out)
