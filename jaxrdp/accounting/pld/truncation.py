@@ -158,9 +158,9 @@ def truncation_weights(q, n, b, log_c, log_c_error):
   known = bounded | ~ok[..., -1]
   # w ∈ [w_lo, w_hi] from each side (t_B's scale restored, each end moved out by the rounding):
   # upward w ≥ the window's terms, w ≤ them and the rest; downward 1 − w likewise.
-  lo = jnp.exp(ex(log_t_b)[..., 0] + sums - ex(rounding)[..., 0])
-  hi = jnp.where(known, jnp.exp(ex(log_t_b)[..., 0] + jnp.logaddexp(sums, rest)
-                                + ex(rounding)[..., 0]), 1.0)
+  scale, rounding = log_t_b[..., None], rounding[..., None]
+  lo = jnp.exp(scale + sums - rounding)
+  hi = jnp.where(known, jnp.exp(scale + jnp.logaddexp(sums, rest) + rounding), 1.0)
   w_lo = jnp.maximum(lo[..., 0], 1.0 - hi[..., 1])
   w_hi = jnp.maximum(jnp.minimum(jnp.minimum(hi[..., 0], 1.0 - lo[..., 1]), 1.0), w_lo)
   # q_c: the window's average of q·B/(j + 1) over j ≥ B (log t_B cancels), raised by the
