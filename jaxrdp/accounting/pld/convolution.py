@@ -92,7 +92,7 @@ def _log_spectrum(f, t, eta):
   With it, what bounds the product's rounding (see :func:`_spectrum_error`): Σ t_i
   log(|f_i| + η_i), with η_i a bound on |f_i|'s error at every frequency, taken as Σ t_i
   (max(log|f_i|, log η_i) + min(|f_i|, η_i)/max(|f_i|, η_i)) ≥ it (log(1 + x) ≤ x: no second
-  logarithm per frequency), and Σ t_i (|log|f_i|| + 12), which scales the rounding of the
+  logarithm per frequency), and Σ t_i (|log|f_i|| + |upper_i| + 12), which scales the rounding of the
   logarithms, arguments and their multiples by t (2e-11 rad at t = 5·10⁴, as any exp(t·log f)
   carries; the arguments are :func:`numerics.atan2`'s, within 4.5e-16, and their sines and
   cosines :func:`numerics.sincos`', within 2.1e-16 and reduced with an error of at most
@@ -108,7 +108,7 @@ def _log_spectrum(f, t, eta):
   log_larger = jnp.maximum(jnp.where(nonzero, lax.stop_gradient(log_modulus), -jnp.inf),
                            jnp.log(eta))
   upper = log_larger + smaller / larger
-  rounding = jnp.abs(lax.stop_gradient(log_modulus)) + 12.0
+  rounding = jnp.abs(lax.stop_gradient(log_modulus)) + jnp.abs(lax.stop_gradient(upper)) + 12.0
   return (jnp.sum(_weighted(t, log_modulus), axis=-2), jnp.sum(_weighted(t, angle), axis=-2),
           jnp.any(~nonzero & (t > 0), axis=-2),
           jnp.sum(_weighted(t, upper), axis=-2), jnp.sum(_weighted(t, rounding), axis=-2))
@@ -378,7 +378,13 @@ def _composed(mech, t, grid, *, delta=None, epsilon=None):
     spectrum = lax.complex(modulus * cos, modulus * sin)
     tilted = jnp.fft.irfft(spectrum, n=bins)                              # (2, bins)
     log_modulus = jnp.where(vanishes, -jnp.inf, lax.stop_gradient(log_modulus))
-    floor = lax.stop_gradient(_spectrum_error(log_modulus, log_upper, rounding + 8.0, tilted))
+    # The phase sums above are added in an order XLA chooses: each within (P + 1)u of the sum
+    # of its terms' magnitudes whatever the order (Higham 2002, §4.2: γ_{P−1}, and the t-fold
+    # multiples), which ``rounding`` bounds (|arg| ≤ π < 12); zeros of padding phases add
+    # exactly. The upper bounds' sum is raised by it, and the product's allowance widened.
+    order = (phases + 1) * rounding
+    floor = lax.stop_gradient(_spectrum_error(log_modulus, log_upper + _U * order,
+                                              rounding + order + 8.0, tilted))
     window = jnp.maximum(tilted, 0.0) + floor[:, None]
     # The tilt undone at each point: e^{Σ t_i c_i − λ l_k}, the exponent raised by its rounding.
     exponent = c_total[:, None] - tilt[:, None] * losses
