@@ -145,10 +145,14 @@ def test_default_transform_state_keeps_the_0_1_0_leaves():
   assert len(jax.tree.leaves(tx.init(jnp.zeros(3)))) == 9   # no phase log unless asked for
 
 
-def test_many_phases_are_composed_in_chunks_with_the_same_value_and_gradient(monkeypatch):
-  # Schedules with more phases than fit in MAX_ELEMENTS are summed chunk by chunk in a
-  # lax.scan (bounded memory); forcing chunks of 2 phases (5 = 2 + 2 + 1 padded) must give the
-  # value and the gradient of the single-pass computation.
+@pytest.mark.parametrize("steps_kept", [True, False])
+def test_many_phases_are_composed_in_chunks_with_the_same_value_and_gradient(monkeypatch,
+                                                                           steps_kept):
+  # Schedules with more phases than a sub-chunk holds are summed sub-chunk by sub-chunk in a
+  # lax.scan under jax.checkpoint (bounded memory, value and gradient), their step PMFs kept
+  # from one pass to the next where they fit in MAX_ELEMENTS, else recomputed in each pass;
+  # forcing sub-chunks of 2 phases (5 = 2 + 2 + 1 padded) must give the value and the gradient
+  # of the single-pass computation.
   from jaxrdp.accounting.pld import convolution, discretisation, readout
   q, sigma, steps = np.full(5, 0.02), np.linspace(1.0, 2.0, 5), np.full(5, 50.0)
   grid = jaxrdp.pld_grid(q, sigma, steps)
@@ -156,9 +160,14 @@ def test_many_phases_are_composed_in_chunks_with_the_same_value_and_gradient(mon
   epsilon = readout._pld_epsilon.__wrapped__   # the kernel itself: traced afresh below
   run = lambda: jax.jit(jax.value_and_grad(   # a new function: a new trace, no cached one
       lambda s: epsilon(q, s, steps, jnp.float64(DELTA), values, sizes=sizes)))(sigma)
+  assert convolution._sub_chunk(grid) >= 5 and convolution._phase_chunk(grid) >= 5
   whole, whole_grad = run()
-  monkeypatch.setattr(convolution, "MAX_ELEMENTS", 2 * 2 * max(grid.bins, grid.pmf_bins))
-  assert convolution._phase_chunk(grid) == 2
+  two = 2 * 2 * max(grid.bins, grid.pmf_bins)
+  monkeypatch.setattr(convolution, "_SUB_ELEMENTS", two)
+  if not steps_kept:
+    monkeypatch.setattr(convolution, "MAX_ELEMENTS", two)
+  assert convolution._sub_chunk(grid) == 2
+  assert (convolution._phase_chunk(grid) >= 5) == steps_kept
   chunked, chunked_grad = run()
   assert float(chunked) == pytest.approx(float(whole), rel=1e-10)   # summation order only
   np.testing.assert_allclose(chunked_grad, whole_grad, rtol=1e-10)

@@ -204,34 +204,58 @@ def _spectrum_sums(mech, t, lam, grid, steps=None):
 
 
 def _phase_chunk(grid: Lattice) -> int:
-  """Phases processed together: as many as keep the work arrays within MAX_ELEMENTS."""
+  """Phases whose step PMFs are computed once and kept for all passes: as many as keep them
+  within MAX_ELEMENTS (longer schedules recompute them in each pass)."""
   return max(1, MAX_ELEMENTS // (2 * max(grid.bins, grid.pmf_bins)))
 
+
+def _sub_chunk(grid: Lattice) -> int:
+  """Phases processed together in a pass over the phases: as many as keep one work array
+  within _SUB_ELEMENTS (a pass holds ~15 of them per phase, its derivative ~50)."""
+  return max(1, _SUB_ELEMENTS // (2 * max(grid.bins, grid.pmf_bins)))
+
+
+_SUB_ELEMENTS = 1 << 22   # directions × phases × points of a work array in one sub-chunk
 
 # Padding phases (t = 0: they add nothing; finite values): (q, σ, 1 − w, w, q_c) of Poisson and
 # truncated Poisson phases, (0, σ, c, p) of mixtures of Gaussians.
 _PADDING = {2: (0.0, 1.0), 5: (0.0, 1.0, 1.0, 0.0, 0.0), 4: (0.0, 1.0, 1.0, 1.0)}
 
 
+def _split(mech, t, size):
+  """The phases' mechanism and step counts in sub-chunks of ``size`` phases (a leading axis),
+  padded with phases of no steps."""
+  pad = -t.shape[0] % size
+  return tuple(jnp.pad(v, [(0, pad)] + [(0, 0)] * (v.ndim - 1),
+                       constant_values=c).reshape((-1, size) + v.shape[1:])
+               for v, c in zip(mech + (t,), _PADDING[len(mech)] + (0.0,)))
+
+
+def _split_steps(split, grid):
+  """:func:`_step` of each sub-chunk of ``split`` (:func:`_split`), on the same leading axis:
+  one sub-chunk at a time, each recomputed rather than kept for the derivative (its work arrays
+  are several times the PMFs it returns)."""
+  step = jax.checkpoint(lambda phases: _step(phases[:-1], grid))
+  return loops.scan(lambda _, phases: (None, step(phases)), None, split)[1]
+
+
 def _over_phases(sums, mech, t, grid, *extra, steps=None):
-  """``sums(mech, t, *extra, grid)`` summed over the phases: at once (with the phases'
-  :func:`_step` ``steps`` where given), or for schedules with more phases than
-  :func:`_phase_chunk`, chunk by chunk in a ``lax.scan`` (bounded memory; padding phases have
-  t = 0 and add nothing; boolean parts are or-ed)."""
-  chunk = _phase_chunk(grid)
-  if t.shape[0] <= chunk:
+  """``sums(mech, t, *extra, grid, steps)`` summed over the phases: at once where they fit in
+  one sub-chunk (:func:`_sub_chunk`; ``steps`` their :func:`_step`, or None), else sub-chunk
+  by sub-chunk in a ``lax.scan``, each under ``jax.checkpoint`` (memory bounded by a
+  sub-chunk's work arrays, value and derivative alike; ``mech`` and ``t`` then come from
+  :func:`_split`, ``steps`` from :func:`_split_steps` or None: computed in each sub-chunk).
+  Padding phases have t = 0 and add nothing; boolean parts are or-ed."""
+  if t.ndim == 1:
     return sums(mech, t, *extra, grid, steps)
-  pad = -t.shape[0] % chunk
-  padded = [jnp.pad(v, [(0, pad)] + [(0, 0)] * (v.ndim - 1),
-                    constant_values=c).reshape((-1, chunk) + v.shape[1:])
-            for v, c in zip(mech + (t,), _PADDING[len(mech)] + (0.0,))]
-  def add(total, phases):
-    part = sums(phases[:-1], phases[-1], *extra, grid)
-    return jax.tree.map(lambda a, b: a | b if a.dtype == bool else a + b, total, part), None
-  first = tuple(v[0] for v in padded)
-  first_part = sums(first[:-1], first[-1], *extra, grid)
-  total, _ = loops.scan(add, first_part, tuple(v[1:] for v in padded))
-  return total
+  part = jax.checkpoint(lambda phases, steps: sums(phases[:-1], phases[-1], *extra, grid, steps))
+  def add(total, chunk):
+    new = part(*chunk)
+    return jax.tree.map(lambda a, b: a | b if a.dtype == bool else a + b, total, new), None
+  chunks = (mech + (t,), steps)
+  shapes = jax.eval_shape(part, *jax.tree.map(lambda v: v[0], chunks))
+  zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)   # one copy of the body
+  return loops.scan(add, zero, chunks)[0]
 
 
 def _spectrum_error(log_modulus, log_upper, rounding, composed):
@@ -341,8 +365,13 @@ def _composed(mech, t, grid, *, delta=None, epsilon=None):
   lam = jnp.asarray(_LAMBDAS, t.dtype)
   phases = t.shape[0]
   # One pass for the window and the tilts, one for the tilted spectra at each tilt: the step
-  # PMFs computed once where all phases fit in one chunk.
-  steps = _step(mech, grid) if phases <= _phase_chunk(grid) else None
+  # PMFs computed once (in sub-chunks) where they fit in MAX_ELEMENTS, else in each pass.
+  if phases <= _sub_chunk(grid):
+    steps = _step(mech, grid)
+  else:
+    mech_and_t = _split(mech, t, _sub_chunk(grid))
+    steps = _split_steps(mech_and_t, grid) if phases <= _phase_chunk(grid) else None
+    mech, t = mech_and_t[:-1], mech_and_t[-1]
   k_total, log_finite, offset = _over_phases(_moment_sums, mech, t, grid, steps=steps)
   tilts, both = _tilt_order(k_total, lam, bins * interval, jnp.sum(_weighted(t, 1.0)), grid,
                             delta, epsilon)                               # (2 tilts, 2)
@@ -400,9 +429,13 @@ def _composed(mech, t, grid, *, delta=None, epsilon=None):
   # Differentiated, each pass is recomputed in the reverse pass (jax.checkpoint) rather than
   # stacking its ~180 intermediate arrays per pass through the loop: jax.grad of a 1,000-step
   # ε 100 -> 52 ms warm, its program 563 -> 299 kernels (compiled in 3.2 s instead of 4.0 s).
+  # Phases in sub-chunks are each recomputed already (_over_phases): the pass keeps only the
+  # window's arrays then, and is not recomputed as a whole (~1 s less to compile).
+  pass_of = composed_at if t.ndim > 1 else jax.checkpoint(composed_at)
+
   def smaller(best, tilt_and_needed):
     tilt, needed = tilt_and_needed
-    mass = lax.cond(loops.any_lane(needed), jax.checkpoint(composed_at),
+    mass = lax.cond(loops.any_lane(needed), pass_of,
                     lambda _: jnp.full_like(best, jnp.inf), tilt)
     return jnp.minimum(best, mass), None
   needed = jnp.stack([jnp.bool_(True), both])
