@@ -165,7 +165,7 @@ def test_many_phases_are_composed_in_chunks_with_the_same_value_and_gradient(mon
   two = 2 * 2 * max(grid.bins, grid.pmf_bins)
   monkeypatch.setattr(convolution, "_SUB_ELEMENTS", two)
   if not steps_kept:
-    monkeypatch.setattr(convolution, "MAX_ELEMENTS", two)
+    monkeypatch.setattr(convolution, "MAX_ELEMENTS", 2 * 2 * grid.pmf_bins)
   assert convolution._sub_chunk(grid) == 2
   assert (convolution._phase_chunk(grid) >= 5) == steps_kept
   chunked, chunked_grad = run()

@@ -205,8 +205,8 @@ def _spectrum_sums(mech, t, lam, grid, steps=None):
 
 def _phase_chunk(grid: Lattice) -> int:
   """Phases whose step PMFs are computed once and kept for all passes: as many as keep them
-  within MAX_ELEMENTS (longer schedules recompute them in each pass)."""
-  return max(1, MAX_ELEMENTS // (2 * max(grid.bins, grid.pmf_bins)))
+  within MAX_ELEMENTS, 2 × ``pmf_bins`` each (longer schedules recompute them in each pass)."""
+  return max(1, MAX_ELEMENTS // (2 * grid.pmf_bins))
 
 
 def _sub_chunk(grid: Lattice) -> int:
