@@ -45,9 +45,11 @@ def _log_mgf(pmf, start, grid):
   are combined by log-sum-exp. It bounds the mass above the window, so it must not round low:
   each block sum is raised by the rounding of a 64-term dot product of non-negative terms
   (256 u relative) and by 64 flushed subnormal products (64 × 2⁻¹⁰²² absolute) where the block
-  holds any mass, and the exponent by the rounding of λ·l_top. No derivative flows (it places
-  the window, bounds a negligible tail and picks the tilt). Leading axes of ``pmf`` and
-  ``start`` are batch axes; the λ axis is appended."""
+  holds any mass, and the exponent by the rounding of λ·l_top; the log-sum-exp of the blocks
+  by their count times u (a sum of m non-negative terms, in any order, is within (m − 1)u of
+  it: Higham 2002, §4.2; the logarithm's own rounding, u·|K|, is the caller's 1e-10·|K|).
+  No derivative flows (it places the window, bounds a negligible tail and picks the tilt).
+  Leading axes of ``pmf`` and ``start`` are batch axes; the λ axis is appended."""
   pmf = lax.stop_gradient(pmf)
   interval = grid.interval
   lam = jnp.asarray(_LAMBDAS, pmf.dtype)
@@ -58,7 +60,8 @@ def _log_mgf(pmf, start, grid):
   block_top = (start[..., None] + _BLOCK * jnp.arange(1, blocks.shape[-2] + 1) - 1) * interval
   exponent = lam * block_top[..., None]
   log_sums = jnp.where(held, jnp.log(jnp.where(held, sums, 1.0)), -jnp.inf)
-  k = jax.nn.logsumexp(log_sums + exponent + 4 * _U * jnp.abs(exponent), axis=-2) + 1e-12
+  k = (jax.nn.logsumexp(log_sums + exponent + 4 * _U * jnp.abs(exponent), axis=-2)
+       + (blocks.shape[-2] + 16) * _U + 1e-12)
   return jnp.where(_usable(lam, interval), k, jnp.inf)
 
 

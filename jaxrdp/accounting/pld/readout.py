@@ -49,6 +49,16 @@ def _block_logsumexp(x):
   return jnp.where(held, jnp.log(jnp.where(held, total, 1.0)) + top[..., 0], -jnp.inf)
 
 
+def _widened(log_sums):
+  """(log S₀, log S₁) raised and lowered by the rounding of logarithms formed as a shift plus
+  the log of a scaled sum, and of their log-sum-exp combinations: 4u(|log S| + 1) (u of the
+  result's magnitude per step), which the terms' relative margin does not cover where |log S|
+  is large. Without a derivative."""
+  slack = [lax.stop_gradient(4 * _U * (jnp.abs(jnp.where(jnp.isfinite(v), v, 0.0)) + 1.0))
+           for v in log_sums]
+  return [log_sums[0] + slack[0], log_sums[1] - slack[1]]
+
+
 def _delta_at(p_inf, log_s0, log_s1, losses):
   """δ(l_k) = p_∞ + S₀ − e^{l_k}·S₁ with S₀ = Σ_{j>k} p_j and S₁ = Σ_{j>k} p_j e^{−l_j} given by
   their logarithms, as p_∞ + S₀·(1 − e^{l_k + log S₁ − log S₀}) (no cancellation; each term of
@@ -67,10 +77,10 @@ def _epsilon_of(first, log_mass, p_inf, delta, interval):
   S₀(j) = Σ_{i≥j} p_i and S₁(j) = Σ_{i≥j} p_i e^{−l_i}, kept as logarithms (log-sum-exp: no
   overflow or underflow however wide the window or far the tilt was undone) and found in two
   levels: at the ends of blocks of :data:`_READ_BLOCK` points, then inside the block where δ
-  crosses the target. S₀ is rounded up and S₁ down by the rounding of a sum of n terms, which
-  only raises δ(l_k), so the point found is never below the true one. ε is kept in
-  [l_{k−1}, l_k], the interval the closed form ε = log((p_∞ + S₀(k) − δ)/S₁(k)) is exact on, so
-  no rounding can move it below l_{k−1}."""
+  crosses the target. S₀ is rounded up and S₁ down by the rounding of a sum of n terms and of
+  the logarithms (:func:`_widened`), which only raises δ(l_k), so the point found is never below
+  the true one. ε is kept in [l_{k−1}, l_k], the interval the closed form
+  ε = log((p_∞ + S₀(k) − δ)/S₁(k)) is exact on, and the closed form is rounded up."""
   d, n = log_mass.shape
   nb = n // _READ_BLOCK
   losses = (first[:, None] + jnp.arange(n)) * interval                # (d, n)
@@ -81,14 +91,15 @@ def _epsilon_of(first, log_mass, p_inf, delta, interval):
   # sums at the point found.
   blocks = [v.reshape(d, nb, _READ_BLOCK) for v in (log_mass + margin, log_mass - losses - margin)]
   block_sums = [_block_logsumexp(b) for b in blocks]                 # (d, nb) each
-  after = [_suffix(lax.stop_gradient(v)) for v in block_sums]
+  after = _widened([_suffix(lax.stop_gradient(v)) for v in block_sums])
   # δ at each block's last point; the first block whose last point meets δ holds the crossing.
   last = losses[:, _READ_BLOCK - 1::_READ_BLOCK]
   block = jnp.argmax(_delta_at(p_inf_0[:, None], after[0], after[1], last) <= delta, axis=-1)
   inside = [jnp.take_along_axis(b, block[:, None, None], axis=1)[:, 0] for b in blocks]  # (d, B)
   # S(k + 1) inside that block: its own suffix and the blocks beyond it.
-  suffix = [jnp.logaddexp(_suffix(lax.stop_gradient(i)), jnp.take_along_axis(a, block[:, None], axis=1))
-            for i, a in zip(inside, after)]
+  suffix = _widened([jnp.logaddexp(_suffix(lax.stop_gradient(i)),
+                                   jnp.take_along_axis(a, block[:, None], axis=1))
+                     for i, a in zip(inside, after)])
   k_all = block[:, None] * _READ_BLOCK + jnp.arange(_READ_BLOCK)
   met = _delta_at(p_inf_0[:, None], suffix[0], suffix[1],
                   jnp.take_along_axis(losses, k_all, axis=1)) <= delta
@@ -99,14 +110,20 @@ def _epsilon_of(first, log_mass, p_inf, delta, interval):
   # S₀(k) and S₁(k) (differentiable) from the block's points from k on and the later blocks.
   from_k = jnp.arange(_READ_BLOCK) >= local[:, None]
   later = jnp.arange(nb) > block[:, None]
-  log_s0, log_s1 = (
+  log_s0, log_s1 = _widened([
       jax.nn.logsumexp(jnp.concatenate([jnp.where(from_k, i, -jnp.inf),
                                         jnp.where(later, v, -jnp.inf)], axis=-1), axis=-1)
-      for i, v in zip(inside, block_sums))
-  numerator = p_inf + jnp.exp(log_s0) - delta
+      for i, v in zip(inside, block_sums)])
+  s0 = jnp.exp(log_s0)
+  # The closed form rounded up: the numerator by its three operations' rounding (within 3u
+  # of p_∞ + S₀ + δ), ε by its logarithm's and difference's (u of each magnitude).
+  sg = lax.stop_gradient
+  numerator = p_inf + s0 - delta + sg(4 * _U * (p_inf + s0 + delta))
   ok = found & (numerator > 0) & (log_s1 > -jnp.inf)
   at_k = (first + k) * interval
-  eps = jnp.log(jnp.where(ok, numerator, 1.0)) - jnp.where(ok, log_s1, 0.0)
+  log_numerator = jnp.log(jnp.where(ok, numerator, 1.0))
+  log_s1 = jnp.where(ok, log_s1, 0.0)
+  eps = log_numerator - log_s1 + sg(4 * _U * (jnp.abs(log_numerator) + jnp.abs(log_s1) + 1.0))
   # Not in closed form: δ ≤ p_∞ (ε = +inf), or δ met at the first point (ε at or below it:
   # that point, a bound).
   below = jnp.where(k > 0, at_k - interval, -jnp.inf)   # l_{k−1}: δ(l_{k−1}) > δ was found
