@@ -39,6 +39,14 @@ What it measures (float64, loss grid interval Δ = 1e-4 for both, one process un
    configurations/s, and a check of ``--sweep-samples`` cells against ``pld_epsilon`` with
    each cell's own grid. On a GPU, parts 1 and 3 run there too (dp_accounting on the CPU).
 
+5. **Gradient memory**: in a fresh process per phase count (``--memory-phases``, default 20,
+   80, 160), ``jax.jit(jax.value_and_grad(lambda s: pld_epsilon(q, s, T, δ, pld_grid=g)))``
+   over that many phases (q = 0.01, σ drawn in [0.9, 1.2], seed 0, 10 steps each, δ = 1e-5, g
+   sized for the schedule): the process's peak resident memory, XLA's working memory for the
+   program (``memory_analysis().temp_size_in_bytes``), the first call and a warm call. The
+   passes over the phases run sub-chunk by sub-chunk under ``jax.checkpoint``, so the working
+   memory grows with the phases only by the step PMFs kept between passes.
+
 How to run (from the repository root; about 2 minutes on 2 CPU cores)::
 
     PYTHONPATH=. python benchmarks/bench_pld.py [--repeats 5]
@@ -94,6 +102,31 @@ pld.pld_epsilon(0.01, 1.1, 10_000, 1e-5).block_until_ready()
 second = time.perf_counter()
 print(json.dumps({"imports": imported - start, "first": first - imported,
                   "second": second - first, "eps": float(eps)}))
+"""
+
+
+_MEMORY = """
+import json, resource, sys, time
+import jax
+jax.config.update("jax_enable_x64", True)
+import jax.numpy as jnp
+import numpy as np
+from jaxrdp.accounting import pld
+phases = int(sys.argv[1])
+q = np.full(phases, 0.01)
+sigma = np.random.default_rng(0).uniform(0.9, 1.2, phases)
+t = np.full(phases, 10.0)
+grid = pld.pld_grid(q, sigma, t, delta=1e-5)
+f = jax.jit(jax.value_and_grad(lambda s: pld.pld_epsilon(q, s, t, 1e-5, pld_grid=grid)))
+temp = f.lower(jnp.asarray(sigma)).compile().memory_analysis().temp_size_in_bytes
+start = time.perf_counter()
+jax.block_until_ready(f(jnp.asarray(sigma)))
+first = time.perf_counter()
+value, _ = jax.block_until_ready(f(jnp.asarray(sigma)))
+warm = time.perf_counter() - first
+print(json.dumps({"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                  "temp_bytes": temp, "first_s": first - start, "warm_s": warm,
+                  "epsilon": float(value), "pmf_bins": grid.pmf_bins, "bins": grid.bins}))
 """
 
 
@@ -349,6 +382,27 @@ def bench_sweep(args, figures):
                       "max_rel_diff_own_grid": worst}
 
 
+# ---------------------------------------------------------------------------------------------
+# 5. The gradient's memory over many phases.
+
+
+def bench_memory(args, figures):
+  counts = [int(c) for c in args.memory_phases.split(",") if c]
+  print(f"\n== 5. jit(value_and_grad) of pld_epsilon over P phases (q = 0.01, sigma in [0.9, 1.2], "
+        f"10 steps each, delta = 1e-5), a fresh process each")
+  rows = []
+  for phases in counts:
+    code = _MEMORY.replace("int(sys.argv[1])", str(phases))
+    _, printed = _run(code)
+    row = dict(json.loads(printed), phases=phases)
+    rows.append(row)
+    print(f"  P = {phases:4d}: peak RSS {row['peak_rss_bytes'] / 2**30:.2f} GiB, XLA working "
+          f"memory {row['temp_bytes'] / 2**30:.2f} GiB, first call {row['first_s']:.2f} s "
+          f"(after compiling), warm {row['warm_s']:.2f} s, eps {row['epsilon']:.6f} "
+          f"(grid {row['pmf_bins']:,} / {row['bins']:,} points)", flush=True)
+  figures["gradient_memory"] = rows
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--repeats", type=int, default=5, help="timed repeats (medians reported)")
@@ -365,6 +419,8 @@ def main():
   parser.add_argument("--skip-warm", action="store_true")
   parser.add_argument("--skip-first-call", action="store_true")
   parser.add_argument("--skip-phased", action="store_true")
+  parser.add_argument("--memory-phases", default="20,80,160",
+                      help="phase counts of the gradient-memory part (comma-separated; '' skips it)")
   _results.add_options(parser)
   args = parser.parse_args()
   print(f"jax {jax.__version__} on {jax.devices()} (backend {jax.default_backend()}), "
@@ -379,6 +435,8 @@ def main():
   if not args.skip_phased:
     bench_phased(args, figures)
   bench_sweep(args, figures)
+  if args.memory_phases:
+    bench_memory(args, figures)
   _results.write(args, figures)
 
 

@@ -371,8 +371,9 @@ def _composed(mech, t, grid, *, delta=None, epsilon=None):
   # PMFs computed once (in sub-chunks) where they fit in MAX_ELEMENTS, else in each pass.
   if phases <= _sub_chunk(grid):
     steps = _step(mech, grid)
-  else:
-    mech_and_t = _split(mech, t, _sub_chunk(grid))
+  else:   # sub-chunks of equal size, as few as fit: fewer than one padding phase per chunk
+    chunks = -(-phases // _sub_chunk(grid))
+    mech_and_t = _split(mech, t, -(-phases // chunks))
     steps = _split_steps(mech_and_t, grid) if phases <= _phase_chunk(grid) else None
     mech, t = mech_and_t[:-1], mech_and_t[-1]
   k_total, log_finite, offset = _over_phases(_moment_sums, mech, t, grid, steps=steps)
