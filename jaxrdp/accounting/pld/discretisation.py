@@ -209,12 +209,11 @@ def _falling(z, lower, upper):
                    lower[..., :-1] - lower[..., 1:])
 
 
-def _replace_masses(losses, q, s):
+def _replace_masses(z, lower, upper, q):
   """(P-mass, Q-mass) of each loss interval [l_k, l_{k+1}] under the replace-one pair of
-  :func:`_replace_loss` (x rises with l), and the P-mass below l_0 and above the last point."""
-  zm, z0, z1 = _replace_x_of_loss(losses, q, s)
-  z = jnp.stack([zm, z0, z1])
-  lower, upper = _tail_pair(z)
+  :func:`_replace_loss` (x rises with l), and the P-mass below l_0 and above the last point,
+  from the thresholds ``z`` of :func:`_replace_x_of_loss` (stacked) and their
+  :func:`_tail_pair`."""
   gm, g0, g1 = _rising(z, lower, upper)
   p_mass = (1 - q) * g0 + q * g1
   q_mass = (1 - q) * g0 + q * gm
@@ -253,7 +252,14 @@ def step_pmfs(q, sigma, grid, truncation=None):
   # The add direction's loss l is the remove one's −l at the same x (and P, Q swapped).
   z0, z1 = _x_of_loss(jnp.where(add[..., None], -losses, losses), q[:, None], sigma[:, None])
   z = jnp.stack([z0, z1])
-  lower, upper = _tail_pair(z)
+  if truncation is None:
+    lower, upper = _tail_pair(z)
+  else:   # the replace-one term's thresholds (below) through the same error functions
+    coarse = losses[..., ::_STRIDE]
+    zr = jnp.stack(_replace_x_of_loss(coarse, truncation[2][:, None], sigma[:, None] / 2))
+    tails = _tail_pair(jnp.concatenate([z.reshape(-1), zr.reshape(-1)]))
+    lower, upper = (v[:z.size].reshape(z.shape) for v in tails)
+    r_lower, r_upper = (v[z.size:].reshape(zr.shape) for v in tails)
   # Mass of each loss interval [l_k, l_{k+1}] under N(0, σ²) and N(1, σ²): x grows with k in the
   # remove direction, falls in the add one; differences taken in the interval's own tail.
   g0, g1 = jnp.where(add[..., None], _falling(z, lower, upper), _rising(z, lower, upper))
@@ -271,8 +277,7 @@ def step_pmfs(q, sigma, grid, truncation=None):
   # The replace-one term on every _STRIDE-th point: its weight w is small, so a coarser
   # discretisation (still a dominating pair) costs little tightness and few error functions.
   keep, w, qc = truncation
-  coarse = losses[..., ::_STRIDE]
-  r_p, r_q, r_below, r_above = _replace_masses(coarse, qc[:, None], sigma[:, None] / 2)
+  r_p, r_q, r_below, r_above = _replace_masses(zr, r_lower, r_upper, qc[:, None])
   decay = grid.decay ** _STRIDE
   r_pmf = _split(r_p, r_q, coarse, decay, 1.0 - decay).at[..., 0].add(r_below)
   r_pmf = jnp.pad(r_pmf[..., None], [(0, 0)] * 3 + [(0, _STRIDE - 1)]).reshape(pmf.shape)
