@@ -383,6 +383,14 @@ def pld_(r: dict) -> str:
              f"{_x(p['ratio_dp_accounting_over_jaxrdp_jit'])} "
              f"({_x(p['ratio_dp_accounting_over_jaxrdp_jit_and_grid'])} with `pld_grid`); "
              f"ε rel. diff {_rel(p['epsilon_rel_diff'])}.", ""]
+  if "gradient_memory" in f:
+    rows = [[str(m["phases"]), f"{m['peak_rss_bytes'] / 2**30:.2f} GiB",
+             f"{m['temp_bytes'] / 2**30:.2f} GiB", _t(m["warm_s"])] for m in f["gradient_memory"]]
+    text += ["`jax.jit(jax.value_and_grad(...pld_epsilon...))` over P phases of 10 steps (q = 0.01, "
+             "σ drawn in [0.9, 1.2]), a fresh process each: the passes over the phases run "
+             "sub-chunk by sub-chunk under `jax.checkpoint`, so memory grows with the phases only "
+             "by the step PMFs kept between passes.", "",
+             _table(["phases", "peak resident memory", "XLA's working memory", "warm"], rows), ""]
   if "sweep" in f:
     s = f["sweep"]
     text += [f"`jax.jit(jax.vmap(pld_epsilon))` over {_n(s['configurations'])} (q, σ) "
