@@ -5,8 +5,9 @@ Gaussian δ(ε) (a mixture of one), gradients, jit and vmap.
 Box: s ∈ [0.8, 2], 1 to 3 components with sensitivities in [0, 2], T ∈ [10, 1000],
 δ ∈ {1e-5, 1e-6}. ε within [1 − 1e-7, 1.01] of dp_accounting's PLD (interval 1e-4; its values
 stored in tests/data/peer_references.json by tools/make_peer_references.py, which a slow test
-recomputes); δ(ε) of one Gaussian never below the exact value (Balle, Wang 2018, Thm. 8) and
-within 1e-4 of it."""
+recomputes), and never below the PRV accountant's certified lower bound on the remove
+direction's ε (tests/prv_pairs.py, written from the pair's definition); δ(ε) of one Gaussian
+never below the exact value (Balle, Wang 2018, Thm. 8) and within 1e-4 of it."""
 
 import math
 
@@ -18,6 +19,7 @@ import pytest
 import jaxrdp
 from jaxrdp.accounting.pld import discretisation
 from conftest import peer_references
+import prv_pairs
 from scripts import load_script
 
 CASES = peer_references("mixture")
@@ -60,6 +62,47 @@ def test_epsilon_against_dp_accounting(case):
   eps = float(jaxrdp.mixture_of_gaussians_epsilon(case["sigma"], case["c"], case["p"],
                                                   case["steps"], case["delta"]))
   assert case["epsilon"] * (1 - 1e-7) <= eps <= case["epsilon"] * 1.01
+
+
+def _prv_check(case):
+  """(jaxrdp's ε, the PRV accountant's certified lower bound on the remove direction's ε, or
+  None where the accountant fails) of a case (tests/prv_pairs.py: the pair from its
+  definition)."""
+  eps = float(jaxrdp.mixture_of_gaussians_epsilon(case["sigma"], case["c"], case["p"],
+                                                  case["steps"], case["delta"]))
+  prv = prv_pairs.MixtureOfGaussians(case["sigma"], case["c"], case["p"])
+  return eps, prv_pairs.lower_bound(prv, case["steps"], case["delta"], case["epsilon"])
+
+
+def test_the_prv_pairs_match_closed_forms():
+  # The reference's own check: its mixture of N(0, σ²) and N(1, σ²) is the PRV accountant's
+  # Poisson-sampled Gaussian, its replace-one pair at q = 1 the Gaussian pair N(±1, s²)
+  # (loss 2x/s², x ~ N(1, s²)), and its RDP bounds are at least the exact values there.
+  from prv_accountant.privacy_random_variables import PoissonSubsampledGaussianMechanism
+  from scipy import stats
+  t = np.linspace(-0.01, 4.0, 41)
+  poisson = PoissonSubsampledGaussianMechanism(sampling_probability=0.02, noise_multiplier=0.9)
+  mixture = prv_pairs.MixtureOfGaussians(0.9, [0.0, 1.0], [0.98, 0.02])
+  np.testing.assert_allclose(mixture.cdf(t), np.asarray(poisson.cdf(t), np.float64), atol=1e-12)
+  assert mixture.rdp(8.0) >= float(poisson.rdp(8.0))
+  s = 1.3
+  np.testing.assert_allclose(prv_pairs.ReplaceOne(1.0 - 1e-15, s).cdf(t),
+                             stats.norm.cdf((t * s**2 / 2 - 1) / s), atol=1e-12)
+  assert prv_pairs.truncated_poisson(500, 501, 0.02, 0.9).__class__ is type(poisson)   # B ≥ N: never cut
+
+
+# The two quickest cases (0.4 and 1.7 s for the PRV accountant); all of them in the slow test.
+@pytest.mark.parametrize("case", CASES[2:4], ids=lambda case: case["id"])
+def test_epsilon_is_never_below_the_prv_accountants_lower_bound(case):
+  eps, lower = _prv_check(case)
+  assert lower is not None and 0.97 * eps <= lower <= eps, (eps, lower)
+
+
+@pytest.mark.slow   # the PRV accountant: 0.4 to 9 s per case (it fails on the second)
+def test_every_case_is_never_below_the_prv_accountants_lower_bound():
+  checked = [_prv_check(case) for case in CASES]
+  assert all(lower is None or lower <= eps for eps, lower in checked), checked
+  assert sum(lower is not None for _, lower in checked) >= len(CASES) - 1, checked
 
 
 @pytest.mark.slow   # dp_accounting: 4.6 to 33 s per case

@@ -5,7 +5,8 @@ Box: N ∈ [10³, 10⁷], B from below the mean to 20 standard deviations above 
 0.5], σ ∈ [0.8, 1.5], T ∈ [500, 3000], δ ∈ {1e-5, 1e-6}. ε within [1 − 1e-7, 1.01] of
 dp_accounting's PLD (interval 1e-4) with ``dataset_size`` N + 1 (the larger neighbour; its values
 stored in tests/data/peer_references.json by tools/make_peer_references.py, which a slow test
-recomputes)."""
+recomputes), and never below the PRV accountant's certified lower bound on the same pair
+(tests/prv_pairs.py, written from the pair's definition)."""
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +17,7 @@ from scipy import stats
 import jaxrdp
 from jaxrdp.accounting.pld import discretisation, truncation
 from conftest import peer_references
+import prv_pairs
 from scripts import load_script
 
 @pytest.mark.parametrize("n, b, q", [
@@ -80,6 +82,33 @@ def test_epsilon_against_dp_accounting(case):
   # often enough to matter.
   poisson = float(jaxrdp.pld_epsilon(q, sigma, steps, delta))
   assert eps >= poisson
+
+
+def _prv_check(case):
+  """(jaxrdp's ε, the PRV accountant's certified lower bound on the pair's ε, or None where
+  the accountant fails) of a case (tests/prv_pairs.py: the pair from its definition, the
+  weights from SciPy's binomial tails)."""
+  n, b, q, sigma, steps, delta = (case[k] for k in ("dataset_size", "max_batch_size", "q",
+                                                    "sigma", "steps", "delta"))
+  eps = float(jaxrdp.dpsgd_epsilon(q, sigma, steps, delta, accountant="pld",
+                                   sampling="truncated_poisson", dataset_size=n,
+                                   max_batch_size=b))
+  return eps, prv_pairs.lower_bound(prv_pairs.truncated_poisson(n + 1, b, q, sigma), steps,
+                                    delta, case["epsilon"])
+
+
+# The two quickest cases (~2 s each for the PRV accountant); all of them in the slow test.
+@pytest.mark.parametrize("case", CASES[1:3], ids=lambda case: case["id"])
+def test_epsilon_is_never_below_the_prv_accountants_lower_bound(case):
+  eps, lower = _prv_check(case)
+  assert lower is not None and 0.97 * eps <= lower <= eps, (eps, lower)
+
+
+@pytest.mark.slow   # the PRV accountant: 2 to 5 s per case
+def test_every_case_is_never_below_the_prv_accountants_lower_bound():
+  checked = [_prv_check(case) for case in CASES]
+  assert all(lower is None or lower <= eps for eps, lower in checked), checked
+  assert sum(lower is not None for _, lower in checked) >= len(CASES) - 1, checked
 
 
 @pytest.mark.slow   # dp_accounting: 1 to 3 s per case
