@@ -34,6 +34,7 @@ ROOT = HERE.parent
 BENCHMARKS = {
     "bench_latency": ([], ["--repeats", "1"]),
     "bench_user_jit": ([], ["--repeats", "1"]),
+    "bench_examples": ([], ["--repeats", "1"]),
     "bench_rdp_curve": ([], ["--repeats", "3"]),
     "bench_accounting": ([], ["--repeats", "3"]),
     "bench_transform": ([], ["--repeats", "11"]),

@@ -23,8 +23,8 @@ the example shows how to measure it on your own model.
 
 Run:  python examples/optimize_schedule.py [--epsilon 8] [--seeds 10] [--out schedule.png]
 
-About 25-30 s on a 2-core CPU (a third of it the design, a third compiling the training
-program); it prints a line per stage.
+About 15 s on a 2-core CPU (``benchmarks/bench_examples.py``: a quarter of it the design, a
+quarter training, most of the rest compiling); it prints a line per stage.
 """
 
 from __future__ import annotations

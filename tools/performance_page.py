@@ -432,6 +432,15 @@ def sweep_output(r: dict) -> str:
   return text
 
 
+def examples(r: dict) -> str:
+  f = r["figures"]
+  rows = [[f"`{c['script']}`", _t(c["wall_s"]), ", ".join(_t(t) for t in c["runs_s"]),
+           f"≤ {c['goal_s']:g} s"] for c in f["examples"].values()]
+  return ("Each example with its defaults in a fresh process with no compilation cache, the whole "
+          "process timed (imports, compilations, training, the plot); the median of the runs:\n\n"
+          + _table(["example", "wall", "runs", "goal"], rows))
+
+
 def samplers(r: dict) -> str:
   f = r["figures"]
   names = {"fixed": "fixed-size batches (`sampling=\"fixed\"`)",
@@ -479,14 +488,15 @@ def gpu(r: dict) -> str:
 RENDER = {"bench_user_jit": user_jit, "bench_latency": latency, "bench_rdp_curve": rdp_curve,
           "bench_accounting": accounting, "bench_transform": transform, "bench_pld": pld_,
           "bench_sweep": sweep, "bench_scale": scale, "bench_gpu": gpu,
-          "bench_samplers": samplers, "bench_sweep_output": sweep_output}
+          "bench_samplers": samplers, "bench_sweep_output": sweep_output,
+          "bench_examples": examples}
 
 GPU_TITLES = {"bench_gpu": "log-A throughput", "bench_sweep": "`jaxrdp.sweep`",
               "bench_rdp_curve": "RDP curves", "bench_pld": "The PLD accountant",
               "bench_accounting": "Schedules and calibration", "bench_transform": "The DP-SGD step",
               "bench_latency": "Latency", "bench_user_jit": "First calls under your own jit",
               "bench_scale": "Bounded memory", "bench_samplers": "Fixed-size, shuffled and truncated Poisson batches",
-              "bench_sweep_output": "Sweeps written as they go"}
+              "bench_sweep_output": "Sweeps written as they go", "bench_examples": "The examples"}
 
 # The CPU page: (heading, benchmark), in order; a heading of None continues the section above.
 SECTIONS = [
@@ -496,6 +506,7 @@ SECTIONS = [
     ("### Fixed-size, shuffled and truncated Poisson batches", "bench_samplers"),
     ("### The DP-SGD step against optax", "bench_transform"),
     ("## Latency: what a new user waits for", "bench_latency"),
+    ("### The examples", "bench_examples"),
     ("## First calls under your own jit", "bench_user_jit"),
     ("## The PLD accountant against dp_accounting", "bench_pld"),
     ("## Sweeps and memory", None),
