@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -346,17 +347,39 @@ def _grid_values(q, sigma, t, delta, orders, split, tables, fallback):
   return _composed_epsilons(orders, rdp, delta), jnp.any(pending, axis=0)
 
 
+class _SearchState(NamedTuple):
+  """The order search's state (:func:`_search_update`). The four floats are one array: in a
+  loop their update is then one kernel, not four (XLA compiles each kernel on its own, ~10 ms
+  apiece however small)."""
+  step: Any       # int32: steps taken
+  values: Any     # (best ε, its order, the bracket's lo, hi), float
+  is_open: Any    # bool: a value that could matter was left open
+  go: Any         # bool: another step is due
+
+  @property
+  def best(self):
+    return self.values[0]
+
+  @property
+  def order(self):
+    return self.values[1]
+
+  @property
+  def bracket(self):
+    return self.values[2], self.values[3]
+
+
 def _search_orders(state, orders, n, xp):
   """The orders one step of the eager search evaluates: the grid and its ``n`` slots, which
   hold the refinement's orders after step 0. ``xp``: numpy (jax.numpy works as well)."""
   k = orders.shape[0] - n
-  inside = order_search.refinement_orders(state[3], state[4], xp, count=n)
+  inside = order_search.refinement_orders(*state.bracket, xp, count=n)
   if xp is np:
     slotted = orders.copy()
     slotted[k:] = inside
   else:
     slotted = orders.at[k:].set(inside)
-  return xp.where(state[0] == 0, orders, slotted)
+  return xp.where(state.step == 0, orders, slotted)
 
 
 def _search_update(state, eps, pending, grid, refine_steps, xp, brackets, grid_steps=1):
@@ -366,11 +389,12 @@ def _search_update(state, eps, pending, grid, refine_steps, xp, brackets, grid_s
   neighbours (steps before it only fill in the grid's values: :func:`_grid_search`); each later
   step keeps the best of the refinement's orders and narrows the bracket
   (:mod:`jaxrdp.accounting.order_search`, the same rules as the branch-and-bound search).
-  ``state``: (step, best ε, its order, bracket lo, hi, open, go): ``open`` says a value that
-  could matter was left open, ``go`` that another step is due. ``xp``: jax.numpy in a graph,
-  numpy on the host. ``brackets``: :func:`jaxrdp.accounting.order_search.grid_brackets` of
-  ``grid`` (computed once per search)."""
-  step, best, best_alpha, lo, hi, is_open, _ = state
+  ``state``: a :class:`_SearchState`. ``xp``: jax.numpy in a graph, numpy on the host.
+  ``brackets``: :func:`jaxrdp.accounting.order_search.grid_brackets` of ``grid`` (computed
+  once per search)."""
+  step, values, is_open, _ = state
+  best, best_alpha = state.best, state.order
+  lo, hi = state.bracket
   k = grid.shape[0]
   usable = xp.isfinite(grid) & (grid > 1)
   inside = order_search.refinement_orders(lo, hi, xp, count=eps.shape[0] - k)
@@ -380,28 +404,28 @@ def _search_update(state, eps, pending, grid, refine_steps, xp, brackets, grid_s
   filling = step < grid_steps - 1
   better = (eps_new[j] < best) & (step >= grid_steps)
   first = step == grid_steps - 1
-  best_alpha = xp.where(first, grid[i], xp.where(better, inside[j], best_alpha))
-  best = xp.where(first, eps[i], xp.where(better, eps_new[j], best))
   start = (brackets[0][i], brackets[1][i])   # bracket_of(grid, usable, grid[i])
   new = order_search.refined_bracket(lo, hi, inside, eps_new, xp, best=j)
-  lo, hi = (xp.where(first, a, b) for a, b in zip(start, new))
+  values = xp.where(first, xp.stack([eps[i], grid[i], *start]),
+                    xp.stack([xp.where(better, eps_new[j], best),
+                              xp.where(better, inside[j], best_alpha), *new]))
+  best, best_alpha = values[0], values[1]
   is_open = is_open | xp.where(first, xp.any(pending[:k]), xp.any(pending[k:]))
   refinable = xp.isfinite(best) & xp.isfinite(best_alpha) & (best_alpha > 1) & xp.any(usable)
   go = filling | ((step - (grid_steps - 1) < refine_steps) & refinable)
-  return step + 1, best, best_alpha, lo, hi, is_open, go
+  return _SearchState(step + 1, values, is_open, go)
 
 
 def _search_start(dtype):
-  one = np.ones((), dtype)
-  return (np.zeros((), np.int32), np.inf * one, np.nan * one, one, one, np.zeros((), bool),
-          np.ones((), bool))
+  return _SearchState(np.zeros((), np.int32), np.array([np.inf, np.nan, 1.0, 1.0], dtype),
+                      np.zeros((), bool), np.ones((), bool))
 
 
 def _search_result(state, delta, xp):
-  _, eps, best, _, _, is_open, _ = state
+  eps, best = state.best, state.order
   found = xp.isfinite(best) & (best > 1) & xp.isfinite(eps)
   eps = xp.where(validation.in_domain("delta", delta), eps, xp.nan).astype(best.dtype)
-  return eps, xp.where(found, best, xp.nan).astype(best.dtype), is_open
+  return eps, xp.where(found, best, xp.nan).astype(best.dtype), state.is_open
 
 
 @functools.partial(compilation.jit, static_argnames=("refine_steps", "split", "wanted"),
@@ -476,14 +500,15 @@ _log_j_levels`), and one more step evaluates the optimal order found (a derivati
 
   def step(carry):
     state, row_eps, *last = carry
-    row = state[0]
+    row = state.step
     filling = row < n_rows
     at_row = jnp.minimum(row, n_rows - 1)
-    inside = order_search.refinement_orders(state[3], state[4], count=width)
-    searching = state[-1]   # else: the extra step at the optimal order (with ``wanted``)
+    inside = order_search.refinement_orders(*state.bracket, count=width)
+    searching = state.go   # else: the extra step at the optimal order (with ``wanted``)
     alphas = jnp.where(filling, rows[at_row], inside)
     if directions:
-      alphas = jnp.where(searching, alphas, jnp.where(jnp.isfinite(state[2]), state[2], 2.0))
+      alphas = jnp.where(searching, alphas, jnp.where(jnp.isfinite(state.order), state.order,
+                                                      2.0))
     eps, rdp, d_rdp = evaluate(alphas)
     new_eps = jnp.where(filling, lax.dynamic_update_index_in_dim(row_eps, eps, at_row, 0),
                         row_eps)
@@ -498,7 +523,7 @@ _log_j_levels`), and one more step evaluates the optimal order found (a derivati
   if directions:   # T·RDP and its derivatives at the optimal order, and whether they are in
     carry += (jnp.zeros(q.shape, q.dtype), jnp.zeros((len(directions),) + q.shape, q.dtype),
               jnp.zeros((), bool))
-  out = loops.while_loop(lambda c: c[0][-1] | (bool(directions) and ~c[-1]), step, carry,
+  out = loops.while_loop(lambda c: c[0].go | (bool(directions) and ~c[-1]), step, carry,
                          batched_as=(q, sigma, t, delta))
   result = _search_result(out[0], delta, jnp)[:2]
   if not directions:
@@ -545,7 +570,7 @@ def _concrete_epsilon(q, sigma, t, delta, grid, refine_order):
     return _grid_search(q, sigma, t, delta, grid, sampled_gaussian.order_split(grid),
                         (tables, brackets), steps)
   state = _search_start(orders.dtype)
-  while state[-1]:
+  while state.go:
     alphas = _search_orders(state, orders, n, np)
     eps = _concrete_epsilons(q, sigma, t, delta, alphas, split, tables)
     state = _search_update(state, eps, np.zeros(eps.shape, bool), grid, steps, np, brackets)

@@ -20,17 +20,35 @@ from jaxrdp._internal import loops
 
 class _BoundaryState(NamedTuple):
   """The state of :func:`_safe_boundary` (the carry of its loop): scalars, jax.numpy in a
-  graph, NumPy on the host (:func:`_host_boundary`)."""
-  low: Any      # the bracket's ends: g(low) > 0 (-inf until such a point is seen) ...
-  high: Any     # ... and g(high) <= 0 (+inf until such a point is seen)
-  f_lo: Any      # the interpolation weights at lo and hi (g there, halved by Illinois)
-  f_hi: Any
+  graph, NumPy on the host (:func:`_host_boundary`). Its five floats are one array: in a loop
+  their update is then one kernel, not five (XLA compiles each kernel on its own, ~10 ms
+  apiece however small)."""
+  bounds: Any    # (low, high, f_lo, f_hi, value), below
   side: Any      # which end moved last: -1 hi, 1 lo, 0 neither yet (int32)
   done: Any      # the search has stopped
   found: Any     # some point had g <= 0 (hi is finite)
   count: Any     # evaluations of g so far (int32)
   is_open: Any   # some evaluation used a value left open
-  value: Any     # what g returned with its value at high (NaN until hi is finite)
+
+  @property
+  def low(self):    # the bracket's ends: g(low) > 0 (-inf until such a point is seen) ...
+    return self.bounds[0]
+
+  @property
+  def high(self):   # ... and g(high) <= 0 (+inf until such a point is seen)
+    return self.bounds[1]
+
+  @property
+  def f_lo(self):   # the interpolation weights at lo and hi (g there, halved by Illinois)
+    return self.bounds[2]
+
+  @property
+  def f_hi(self):
+    return self.bounds[3]
+
+  @property
+  def value(self):  # what g returned with its value at high (NaN until hi is finite)
+    return self.bounds[4]
 
 
 def _safe_boundary(g, s0, s_min, s_max, batched_as=(), with_value=False):
@@ -71,10 +89,9 @@ _BOUNDARY_STEPS = 200
 
 def _boundary_start(dtype):
   """The state of :func:`_safe_boundary` before its first step (:class:`_BoundaryState`)."""
-  inf = np.asarray(np.inf, dtype)
   false, zero = np.asarray(False), np.asarray(0, np.int32)
-  return _BoundaryState(low=-inf, high=inf, f_lo=inf, f_hi=-inf, side=zero, done=false,
-                        found=false, count=zero, is_open=false, value=np.asarray(np.nan, dtype))
+  return _BoundaryState(bounds=np.array([-np.inf, np.inf, np.inf, -np.inf, np.nan], dtype),
+                        side=zero, done=false, found=false, count=zero, is_open=false)
 
 
 def _boundary_point(state, s0, s_min, s_max, xp):
@@ -115,9 +132,9 @@ def _boundary_update(state, x, gx, open_x, s_min, s_max, xp, value=None):
           | (xp.isfinite(lo) & found & (hi - lo < _bracket_tolerance(hi, xp))))
   side = xp.where(ok, -1, 1).astype(np.int32)
   kept = state.value if value is None else xp.where(ok, value, state.value).astype(lo.dtype)
-  return _BoundaryState(low=lo, high=hi, f_lo=new_f_lo, f_hi=new_f_hi, side=side, done=done,
-                        found=found, count=state.count + 1, is_open=state.is_open | open_x,
-                        value=kept)
+  return _BoundaryState(bounds=xp.stack([lo, hi, new_f_lo, new_f_hi, kept]), side=side,
+                        done=done, found=found, count=state.count + 1,
+                        is_open=state.is_open | open_x)
 
 
 def _host_boundary(g, s0, s_min, s_max, dtype):
