@@ -17,9 +17,9 @@ How it is evaluated: on a concrete grid (the default) every grid order goes thro
 sums and the shared nodes (:func:`jaxrdp.mechanisms.sampled_gaussian.log_a_and_rdp_at_orders`),
 and each refinement step evaluates one row of shared nodes (:func:`_slot_width`: 32 orders
 per step on the default grid, five steps). For concrete inputs the steps run from the host
-(:func:`_search_orders` and :func:`_search_update`, the grid and the refinement's slots in one
-program); for traced ones in one loop that evaluates one row of shared nodes per step, the
-grid's rows first (:func:`_grid_search`; the exact sums are evaluated once, before it): the
+(:func:`jaxrdp.accounting.order_search.search_update`, the grid and the refinement's
+slots in one program); for traced ones in one loop that evaluates one row of shared nodes
+per step, the grid's rows first (:func:`_grid_search`; the exact sums are evaluated once, before it): the
 same orders in the same rows, so the same ε. Long schedules (more than 64
 phases), traced or not, evaluate each phase only at the grid orders that bounds from the
 phases binned by σ leave in play or, refining, in two windows of 8 orders placed by a
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -347,87 +346,6 @@ def _grid_values(q, sigma, t, delta, orders, split, tables, fallback):
   return _composed_epsilons(orders, rdp, delta), jnp.any(pending, axis=0)
 
 
-class _SearchState(NamedTuple):
-  """The order search's state (:func:`_search_update`). The four floats are one array: in a
-  loop their update is then one kernel, not four (XLA compiles each kernel on its own, ~10 ms
-  apiece however small)."""
-  step: Any       # int32: steps taken
-  values: Any     # (best ε, its order, the bracket's lo, hi), float
-  is_open: Any    # bool: a value that could matter was left open
-  go: Any         # bool: another step is due
-
-  @property
-  def best(self):
-    return self.values[0]
-
-  @property
-  def order(self):
-    return self.values[1]
-
-  @property
-  def bracket(self):
-    return self.values[2], self.values[3]
-
-
-def _search_orders(state, orders, n, xp):
-  """The orders one step of the eager search evaluates: the grid and its ``n`` slots, which
-  hold the refinement's orders after step 0. ``xp``: numpy (jax.numpy works as well)."""
-  k = orders.shape[0] - n
-  inside = order_search.refinement_orders(*state.bracket, xp, count=n)
-  if xp is np:
-    slotted = orders.copy()
-    slotted[k:] = inside
-  else:
-    slotted = orders.at[k:].set(inside)
-  return xp.where(state.step == 0, orders, slotted)
-
-
-def _search_update(state, eps, pending, grid, refine_steps, xp, brackets, grid_steps=1):
-  """The search's state after a step with ε ``eps`` and open flags ``pending`` at the grid's
-  orders followed by the refinement's (as :func:`_search_orders` lays them out). Step
-  ``grid_steps - 1`` takes the best grid order and brackets the refinement between its grid
-  neighbours (steps before it only fill in the grid's values: :func:`_grid_search`); each later
-  step keeps the best of the refinement's orders and narrows the bracket
-  (:mod:`jaxrdp.accounting.order_search`, the same rules as the branch-and-bound search).
-  ``state``: a :class:`_SearchState`. ``xp``: jax.numpy in a graph, numpy on the host.
-  ``brackets``: :func:`jaxrdp.accounting.order_search.grid_brackets` of ``grid`` (computed
-  once per search)."""
-  step, values, is_open, _ = state
-  best, best_alpha = state.best, state.order
-  lo, hi = state.bracket
-  k = grid.shape[0]
-  usable = xp.isfinite(grid) & (grid > 1)
-  inside = order_search.refinement_orders(lo, hi, xp, count=eps.shape[0] - k)
-  i = xp.argmin(eps[:k])
-  eps_new = eps[k:]
-  j = xp.argmin(eps_new)
-  filling = step < grid_steps - 1
-  better = (eps_new[j] < best) & (step >= grid_steps)
-  first = step == grid_steps - 1
-  start = (brackets[0][i], brackets[1][i])   # bracket_of(grid, usable, grid[i])
-  new = order_search.refined_bracket(lo, hi, inside, eps_new, xp, best=j)
-  values = xp.where(first, xp.stack([eps[i], grid[i], *start]),
-                    xp.stack([xp.where(better, eps_new[j], best),
-                              xp.where(better, inside[j], best_alpha), *new]))
-  best, best_alpha = values[0], values[1]
-  is_open = is_open | xp.where(first, xp.any(pending[:k]), xp.any(pending[k:]))
-  refinable = xp.isfinite(best) & xp.isfinite(best_alpha) & (best_alpha > 1) & xp.any(usable)
-  go = filling | ((step - (grid_steps - 1) < refine_steps) & refinable)
-  return _SearchState(step + 1, values, is_open, go)
-
-
-def _search_start(dtype):
-  return _SearchState(np.zeros((), np.int32), np.array([np.inf, np.nan, 1.0, 1.0], dtype),
-                      np.zeros((), bool), np.ones((), bool))
-
-
-def _search_result(state, delta, xp):
-  eps, best = state.best, state.order
-  found = xp.isfinite(best) & (best > 1) & xp.isfinite(eps)
-  eps = xp.where(validation.in_domain("delta", delta), eps, xp.nan).astype(best.dtype)
-  return eps, xp.where(found, best, xp.nan).astype(best.dtype), state.is_open
-
-
 @functools.partial(compilation.jit, static_argnames=("refine_steps", "split", "wanted"),
                    work=_work)
 def _grid_search(q, sigma, t, delta, orders, split, tables, refine_steps, wanted=None):
@@ -440,8 +358,8 @@ def _grid_search(q, sigma, t, delta, orders, split, tables, refine_steps, wanted
   evaluated once, outside the loop (a kernel inside a loop also compiles ~1.5x slower). The
   loop holds one copy of the kernel, each step one row per phase (under ``jax.vmap``, per
   phase and batch entry: a quarter of the rows that grid and slots together would take). The
-  same orders, in the same rows, as the eager search (:func:`_search_update` decides both),
-  so the same ε.
+  same orders, in the same rows, as the eager search
+  (:func:`jaxrdp.accounting.order_search.search_update` decides both), so the same ε.
 
   ``wanted`` (static, with refinement): which of the partial derivatives d ε / d(q, σ, T, δ)
   to return as well (:func:`jaxrdp.accounting.envelope._epsilon_gradient`'s), taken in the
@@ -481,12 +399,13 @@ _log_j_levels`), and one more step evaluates the optimal order found (a derivati
       (), tuple(tuple(range(r * width, (r + 1) * width)) for r in range(count)))
   values = lambda alphas, count: _grid_values(q, sigma, t, delta, alphas, row_split(count), (),
                                               fallback=True)[0]
-  state = jax.tree_util.tree_map(jnp.asarray, _search_start(grid.dtype))
+  state = jax.tree_util.tree_map(jnp.asarray, order_search.search_start(grid.dtype))
   if refine_steps == 0:   # the grid's rows at once: no loop around the kernel
     row_eps = values(rows.reshape(-1), n_rows)
-    state = _search_update(state, jnp.concatenate([at_grid(row_eps), row_eps[:width]]),
-                           jnp.zeros(k + width, bool), grid, refine_steps, jnp, brackets)
-    return _search_result(state, delta, jnp)[:2]
+    state = order_search.search_update(
+        state, jnp.concatenate([at_grid(row_eps), row_eps[:width]]), jnp.zeros(k + width, bool),
+        grid, refine_steps, jnp, brackets)
+    return order_search.search_result(state, delta, jnp)[:2]
 
   directions = [i for i in (0, 1) if wanted and wanted[i]]
 
@@ -512,8 +431,9 @@ _log_j_levels`), and one more step evaluates the optimal order found (a derivati
     eps, rdp, d_rdp = evaluate(alphas)
     new_eps = jnp.where(filling, lax.dynamic_update_index_in_dim(row_eps, eps, at_row, 0),
                         row_eps)
-    new = _search_update(state, jnp.concatenate([at_grid(new_eps), eps]),
-                         jnp.zeros(k + width, bool), grid, refine_steps, jnp, brackets, n_rows)
+    new = order_search.search_update(state, jnp.concatenate([at_grid(new_eps), eps]),
+                                     jnp.zeros(k + width, bool), grid, refine_steps, jnp,
+                                     brackets, n_rows)
     if not directions:
       return new, new_eps
     keep = lambda a, b: jax.tree_util.tree_map(lambda u, v: jnp.where(searching, u, v), a, b)
@@ -525,7 +445,7 @@ _log_j_levels`), and one more step evaluates the optimal order found (a derivati
               jnp.zeros((), bool))
   out = loops.while_loop(lambda c: c[0].go | (bool(directions) and ~c[-1]), step, carry,
                          batched_as=(q, sigma, t, delta))
-  result = _search_result(out[0], delta, jnp)[:2]
+  result = order_search.search_result(out[0], delta, jnp)[:2]
   if not directions:
     return result
   return result + (_search_gradient(result[1], q, sigma, t, delta, out[2], out[3], wanted),)
@@ -569,12 +489,13 @@ def _concrete_epsilon(q, sigma, t, delta, grid, refine_order):
   if not validation.is_concrete((q, sigma, t, delta)):
     return _grid_search(q, sigma, t, delta, grid, sampled_gaussian.order_split(grid),
                         (tables, brackets), steps)
-  state = _search_start(orders.dtype)
+  state = order_search.search_start(orders.dtype)
   while state.go:
-    alphas = _search_orders(state, orders, n, np)
+    alphas = order_search.search_orders(state, orders, n, np)
     eps = _concrete_epsilons(q, sigma, t, delta, alphas, split, tables)
-    state = _search_update(state, eps, np.zeros(eps.shape, bool), grid, steps, np, brackets)
-  eps, best, _ = _search_result(state, np.asarray(delta), np)
+    state = order_search.search_update(state, eps, np.zeros(eps.shape, bool), grid, steps, np,
+                                       brackets)
+  eps, best, _ = order_search.search_result(state, np.asarray(delta), np)
   return validation.to_device(eps), validation.to_device(best)
 
 

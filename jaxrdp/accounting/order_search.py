@@ -30,12 +30,15 @@ bracket by (BATCH + 1)/2 per step. Every value returned is still ε at an evalua
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from jaxrdp._internal import loops
+from jaxrdp._internal import validation
 from jaxrdp.accounting.conversion import compute_epsilon, epsilon_at_orders
 
 BATCH = 8          # orders evaluated per step of the search
@@ -214,3 +217,90 @@ def grid_epsilon(composed_rdp, grid, delta, *, refine_steps=0, initial=None,
   if return_evaluations:
     return state[2], state[3], state[4] * BATCH
   return state[2], state[3]
+
+
+# ---------------------------------------------------------------------------------------------
+# The grid search with refinement of :mod:`jaxrdp.accounting.epsilon`: every grid order
+# evaluated (in rows of shared nodes, or all at once from the host), then the refinement. The
+# same steps in a graph (jax.numpy) and from the host (NumPy).
+
+
+class SearchState(NamedTuple):
+  """The order search's state (:func:`search_update`). The four floats are one array: in a
+  loop their update is then one kernel, not four (XLA compiles each kernel on its own, ~10 ms
+  apiece however small)."""
+  step: Any       # int32: steps taken
+  values: Any     # (best ε, its order, the bracket's lo, hi), float
+  is_open: Any    # bool: a value that could matter was left open
+  go: Any         # bool: another step is due
+
+  @property
+  def best(self):
+    return self.values[0]
+
+  @property
+  def order(self):
+    return self.values[1]
+
+  @property
+  def bracket(self):
+    return self.values[2], self.values[3]
+
+
+def search_orders(state, orders, n, xp):
+  """The orders one step of the eager search evaluates: the grid and its ``n`` slots, which
+  hold the refinement's orders after step 0. ``xp``: numpy (jax.numpy works as well)."""
+  k = orders.shape[0] - n
+  inside = refinement_orders(*state.bracket, xp, count=n)
+  if xp is np:
+    slotted = orders.copy()
+    slotted[k:] = inside
+  else:
+    slotted = orders.at[k:].set(inside)
+  return xp.where(state.step == 0, orders, slotted)
+
+
+def search_update(state, eps, pending, grid, refine_steps, xp, brackets, grid_steps=1):
+  """The search's state after a step with ε ``eps`` and open flags ``pending`` at the grid's
+  orders followed by the refinement's (as :func:`search_orders` lays them out). Step
+  ``grid_steps - 1`` takes the best grid order and brackets the refinement between its grid
+  neighbours (steps before it only fill in the grid's values: :func:`_grid_search`); each later
+  step keeps the best of the refinement's orders and narrows the bracket
+  (the same rules as the branch-and-bound search above).
+  ``state``: a :class:`SearchState`. ``xp``: jax.numpy in a graph, numpy on the host.
+  ``brackets``: :func:`grid_brackets` of ``grid`` (computed
+  once per search)."""
+  step, values, is_open, _ = state
+  best, best_alpha = state.best, state.order
+  lo, hi = state.bracket
+  k = grid.shape[0]
+  usable = xp.isfinite(grid) & (grid > 1)
+  inside = refinement_orders(lo, hi, xp, count=eps.shape[0] - k)
+  i = xp.argmin(eps[:k])
+  eps_new = eps[k:]
+  j = xp.argmin(eps_new)
+  filling = step < grid_steps - 1
+  better = (eps_new[j] < best) & (step >= grid_steps)
+  first = step == grid_steps - 1
+  start = (brackets[0][i], brackets[1][i])   # bracket_of(grid, usable, grid[i])
+  new = refined_bracket(lo, hi, inside, eps_new, xp, best=j)
+  values = xp.where(first, xp.stack([eps[i], grid[i], *start]),
+                    xp.stack([xp.where(better, eps_new[j], best),
+                              xp.where(better, inside[j], best_alpha), *new]))
+  best, best_alpha = values[0], values[1]
+  is_open = is_open | xp.where(first, xp.any(pending[:k]), xp.any(pending[k:]))
+  refinable = xp.isfinite(best) & xp.isfinite(best_alpha) & (best_alpha > 1) & xp.any(usable)
+  go = filling | ((step - (grid_steps - 1) < refine_steps) & refinable)
+  return SearchState(step + 1, values, is_open, go)
+
+
+def search_start(dtype):
+  return SearchState(np.zeros((), np.int32), np.array([np.inf, np.nan, 1.0, 1.0], dtype),
+                      np.zeros((), bool), np.ones((), bool))
+
+
+def search_result(state, delta, xp):
+  eps, best = state.best, state.order
+  found = xp.isfinite(best) & (best > 1) & xp.isfinite(eps)
+  eps = xp.where(validation.in_domain("delta", delta), eps, xp.nan).astype(best.dtype)
+  return eps, xp.where(found, best, xp.nan).astype(best.dtype), state.is_open
