@@ -266,10 +266,9 @@ def search_update(state, eps, pending, grid, refine_steps, xp, brackets, grid_st
   ``grid_steps - 1`` takes the best grid order and brackets the refinement between its grid
   neighbours (steps before it only fill in the grid's values: :func:`_grid_search`); each later
   step keeps the best of the refinement's orders and narrows the bracket
-  (the same rules as the branch-and-bound search above).
-  ``state``: a :class:`SearchState`. ``xp``: jax.numpy in a graph, numpy on the host.
-  ``brackets``: :func:`grid_brackets` of ``grid`` (computed
-  once per search)."""
+  (the same rules as the branch-and-bound search above). ``state``: a :class:`SearchState`.
+  ``xp``: jax.numpy in a graph, numpy on the host. ``brackets``: :func:`grid_brackets` of
+  ``grid`` (computed once per search)."""
   step, values, is_open, _ = state
   best, best_alpha = state.best, state.order
   lo, hi = state.bracket
@@ -295,11 +294,14 @@ def search_update(state, eps, pending, grid, refine_steps, xp, brackets, grid_st
 
 
 def search_start(dtype):
+  """The search's state before its first step: no best order yet (ε = +inf, order NaN)."""
   return SearchState(np.zeros((), np.int32), np.array([np.inf, np.nan, 1.0, 1.0], dtype),
                       np.zeros((), bool), np.ones((), bool))
 
 
 def search_result(state, delta, xp):
+  """(ε, its order, whether a value that could matter was left open) of a finished search:
+  ε NaN for δ outside (0, 1), the order NaN where no usable order gave a finite ε."""
   eps, best = state.best, state.order
   found = xp.isfinite(best) & (best > 1) & xp.isfinite(eps)
   eps = xp.where(validation.in_domain("delta", delta), eps, xp.nan).astype(best.dtype)
