@@ -147,6 +147,40 @@ def test_prepared_programs_compile_in_the_background_once_and_errors_reach_the_c
     raise AssertionError("the failed compilation did not raise")
 
 
+def test_a_chained_computation_compiles_its_second_program_once_for_the_first_ones_outputs(
+    monkeypatch):
+  # compilation.chained(first, a, second, b) is second(first(*a), *b). Eager, the second
+  # program is traced and compiled for the shapes (and placement) of the first's outputs
+  # before the first runs, and the call then uses that very executable (a key that did not
+  # match would compile a second one); a later call compiles nothing. Traced, it is the nested
+  # call: the same values under jax.jit.
+  monkeypatch.setattr(compilation, "plain_jit", lambda: False)
+  traced = []
+
+  def steps(v, w):
+    traced.append("first")
+    return (v * 2.0, jnp.sum(w)), jnp.arange(3)
+
+  def combine(pair_and_index, y):
+    traced.append("second")
+    (doubled, total), index = pair_and_index
+    return doubled * total + y + index
+
+  first, second = compilation.jit(steps), compilation.jit(combine)
+  x, w, y = np.arange(3.0), np.float64(1.5), np.float64(0.25)
+  value = compilation.chained(first, (x, w), second, (y,))
+  np.testing.assert_array_equal(np.asarray(value), x * 2.0 * 1.5 + 0.25 + np.arange(3))
+  if jax.default_backend() != "cpu":   # elsewhere jax.jit's own cache
+    return
+  assert len(first.executables) == len(second.executables) == 1
+  assert traced == ["first", "second"]
+  again = compilation.chained(first, (x, w), second, (y,))
+  assert len(first.executables) == len(second.executables) == 1 and len(traced) == 2
+  np.testing.assert_array_equal(np.asarray(again), np.asarray(value))
+  jitted = jax.jit(lambda v: compilation.chained(first, (v, w), second, (y,)))(x)
+  np.testing.assert_array_equal(np.asarray(jitted), np.asarray(value))
+
+
 def test_a_mixed_grid_is_two_programs_whose_columns_land_where_their_orders_are():
   # compute_rdp's eager path evaluates the integer orders (exact sums) and the others
   # (shared nodes) of one grid as two programs and puts each column back at its order.

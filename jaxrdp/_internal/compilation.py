@@ -177,6 +177,25 @@ def compiler_options(backend: str | None = None) -> dict:
 _PROBED = []   # whether compiler_options has probed this jaxlib's options
 
 
+def chained(first, first_args, second, second_args, **static):
+  """``second(first(*first_args, **static), *second_args, **static)``, two entry points of
+  :func:`jit`: one computation in two programs. Where an eager call compiles the first, the
+  second is traced, lowered and compiled (in the background, for the first's outputs' shapes)
+  before the first runs, so that the two compilations overlap each other and the second's
+  tracing: on two cores a PLD's first ε (the step PMFs, then their composition) takes ~0.2 s
+  less than as one program. Traced (a user's ``jax.jit``, ``jax.grad``, ``jax.vmap``), it is
+  the nested call, inlined into one program as any function."""
+  shapes = first.prepare(*first_args, **static)
+  if shapes is not None:
+    device = jax.config.jax_default_device
+    device = jax.devices(device)[0] if isinstance(device, str) else device or jax.devices()[0]
+    placed = jax.sharding.SingleDeviceSharding(device)   # where the first's outputs will be
+    shapes = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=placed,
+                                                         weak_type=v.weak_type), shapes)
+    second.prepare(shapes, *second_args, **static)
+  return second(first(*first_args, **static), *second_args, **static)
+
+
 _GC_PAUSE = threading.Lock()   # guards the two below across threads compiling at once
 _gc_pausers = 0                # compilations in progress
 _gc_resume = False             # whether the collector was on when the first of them began
@@ -267,17 +286,21 @@ def jit(fun=None, *, static_argnames=(), work=None):
     return (not any(isinstance(x, jax.core.Tracer) for x in leaves)
             and jax.default_backend() == "cpu")
 
+  def _key(arguments, leaves, treedef):
+    statics = tuple((k, arguments[k]) for k in static_argnames if k in arguments)
+    return (treedef, tuple(_leaf_key(x) for x in leaves), statics, jax.config.jax_enable_x64,
+            str(jax.config.jax_default_device))
+
   def entry(arguments, leaves, treedef, background):
     """The executable for these concrete arguments: cached, or traced and lowered now and
-    compiled now (or, with ``background``, in a background thread: a Future)."""
-    statics = tuple((k, arguments[k]) for k in static_argnames if k in arguments)
-    key = (treedef, tuple(_leaf_key(x) for x in leaves), statics, jax.config.jax_enable_x64,
-           str(jax.config.jax_default_device))
+    compiled now (or, with ``background``, in a background thread: a Future); and the
+    shapes of its outputs where it was lowered now (else None)."""
+    key = _key(arguments, leaves, treedef)
     with lock:
       found = executables.get(key)
       if found is not None:
         executables.move_to_end(key)
-        return key, found
+        return key, found, None
     size = work(arguments) if work else sum(getattr(x, "size", 1) for x in leaves)
     heavy = size >= _RUN_TIME_ELEMENTS
     with _gc_paused():
@@ -291,7 +314,7 @@ def jit(fun=None, *, static_argnames=(), work=None):
       executables[key] = found
       while len(executables) > _CACHE_SIZE:
         executables.popitem(last=False)
-    return key, found
+    return key, found, lowered.out_info
 
   @functools.wraps(fun)
   def call(*args, **kwargs):
@@ -315,7 +338,7 @@ def jit(fun=None, *, static_argnames=(), work=None):
       # jax.jit's own cache (this call may compile), which honours every setting.
       with _gc_paused():
         return plain(*args, **kwargs)
-    key, executable = entry(arguments, leaves, treedef, background=False)
+    key, executable, _ = entry(arguments, leaves, treedef, background=False)
     if isinstance(executable, concurrent.futures.Future):   # compiling in the background
       future = executable
       try:
@@ -328,7 +351,7 @@ def jit(fun=None, *, static_argnames=(), work=None):
             del executables[key]
         if not isinstance(error, concurrent.futures.CancelledError):
           raise
-        _, executable = entry(arguments, leaves, treedef, background=False)
+        _, executable, _ = entry(arguments, leaves, treedef, background=False)
       with lock:
         if executables.get(key) is future:
           executables[key] = executable
@@ -339,10 +362,13 @@ def jit(fun=None, *, static_argnames=(), work=None):
     it in a background thread (XLA releases the GIL): a caller that needs several programs
     prepares them all, so that each one's tracing (Python, one core) overlaps the others'
     compilation; the call itself then waits for its compilation. Does nothing where the
-    call would not compile ahead of time (tracers, other backends) or is compiled already."""
+    call would not compile ahead of time (tracers, other backends, a setting a plain
+    ``jax.jit`` honours) or is compiled already. Returns the shapes of the program's outputs
+    (``jax.ShapeDtypeStruct``) where it started a compilation, else None."""
     arguments, _, leaves, treedef = bind(args, kwargs)
-    if eager(leaves) and not plain_only:
-      entry(arguments, leaves, treedef, background=True)
+    if not eager(leaves) or plain_only or not _default_settings() or jax.config.jax_disable_jit:
+      return None
+    return entry(arguments, leaves, treedef, background=True)[2]
 
   call.prepare = prepare
   call.executables = executables   # (read by tests: empty with JAXRDP_PLAIN_JIT=1)

@@ -345,7 +345,14 @@ def _tilt_order(k_total, lam, width, t_total, grid, delta=None, epsilon=None):
   return lax.stop_gradient(jnp.stack([first, lam_w])), jnp.any(~(same | cheap))
 
 
-def _composed(mech, t, grid, *, delta=None, epsilon=None):
+def phase_steps(mech, grid):
+  """:func:`_step` of the phases where they fit in one sub-chunk (:func:`_sub_chunk`: what
+  :func:`_composed` computes once, before its passes), else None (computed there, in
+  sub-chunks): the part of the computation that depends on the mechanism's kind alone."""
+  return _step(mech, grid) if mech[1].shape[0] <= _sub_chunk(grid) else None
+
+
+def _composed(mech, t, grid, *, delta=None, epsilon=None, steps=None):
   """Both directions' composed PLDs on their windows, certified against rounding.
 
   Returns (first, log_mass, p_inf) with a leading axis (remove, add): the window's first
@@ -363,14 +370,15 @@ def _composed(mech, t, grid, *, delta=None, epsilon=None):
   wrong place), which δ(ε) does not owe as long as the window starts at or below ε: with
   ``epsilon`` the window is moved down to start there where it would not; ε(δ) read inside
   the window lies above its start, and is its start otherwise (a bound,
-  :func:`jaxrdp.accounting.pld.readout._epsilon_of`)."""
+  :func:`jaxrdp.accounting.pld.readout._epsilon_of`). ``steps``: :func:`phase_steps` of
+  ``mech``, where already computed."""
   interval, bins = grid.interval, grid.bins
   lam = jnp.asarray(_LAMBDAS, t.dtype)
   phases = t.shape[0]
   # One pass for the window and the tilts, one for the tilted spectra at each tilt: the step
   # PMFs computed once (in sub-chunks) where they fit in MAX_ELEMENTS, else in each pass.
   if phases <= _sub_chunk(grid):
-    steps = _step(mech, grid)
+    steps = _step(mech, grid) if steps is None else steps
   else:   # sub-chunks of equal size, as few as fit: fewer than one padding phase per chunk
     chunks = -(-phases // _sub_chunk(grid))
     mech_and_t = _split(mech, t, -(-phases // chunks))

@@ -12,10 +12,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from jax import lax
+import numpy as np
 
 from jaxrdp._internal import compilation
 from jaxrdp._internal import numerics
-from jaxrdp.accounting.pld.convolution import _composed
+from jaxrdp.accounting.pld.convolution import _composed, phase_steps
 from jaxrdp.accounting.pld.discretisation import Lattice, _READ_BLOCK, _U, lattice
 from jaxrdp.accounting.pld.truncation import truncation_weights
 
@@ -32,11 +33,22 @@ def _delta_of(first, log_mass, p_inf, eps, interval):
   return p_inf + jnp.exp(jax.nn.logsumexp(terms, axis=-1) + (2 * n + 16) * _U)
 
 
+_DENSE_SUFFIX = 1024   # the longest axis whose suffix sums are one masked m × m reduction
+
+
 def _suffix(log_terms):
-  """log Σ_{j > k} e^{x_j} along the last axis (−inf past the end)."""
-  tail = lax.cumlogsumexp(log_terms, axis=log_terms.ndim - 1, reverse=True)
-  pad = [(0, 0)] * (log_terms.ndim - 1) + [(0, 1)]
-  return jnp.pad(tail[..., 1:], pad, constant_values=-jnp.inf)
+  """log Σ_{j > k} e^{x_j} along the last axis (−inf past the end). Up to :data:`_DENSE_SUFFIX`
+  terms, every k's sum is one log-sum-exp of the terms after it (a masked m × m reduction:
+  m² work, two kernels), the sum of at most m terms at one shift, as a block's; longer axes
+  by ``lax.cumlogsumexp``, whose tree of reduce-windows XLA:CPU compiles as some ten kernels
+  with a log-add-exp each (~0.1-0.2 s more to compile)."""
+  m = log_terms.shape[-1]
+  if m > _DENSE_SUFFIX:
+    tail = lax.cumlogsumexp(log_terms, axis=log_terms.ndim - 1, reverse=True)
+    pad = [(0, 0)] * (log_terms.ndim - 1) + [(0, 1)]
+    return jnp.pad(tail[..., 1:], pad, constant_values=-jnp.inf)
+  after = np.arange(m)[None, :] > np.arange(m)[:, None]            # (k, j): j > k
+  return _block_logsumexp(jnp.where(after, log_terms[..., None, :], -jnp.inf))
 
 
 def _block_logsumexp(x):
@@ -154,18 +166,30 @@ def pld_epsilon_unchecked(q, sigma, t, delta, grid, truncation=None):
   ``truncation``: None (Poisson sampling) or, per phase, (N, B, log C(N − 1, B), its error) of
   truncated Poisson sampling (:mod:`jaxrdp.accounting.pld.truncation`)."""
   values, sizes = lattice(grid)
-  return _pld_epsilon(q, sigma, t, delta, values, truncation, sizes=sizes)
+  return compilation.chained(_poisson_steps, (q, sigma, values, truncation),
+                             _epsilon_of_steps, (t, delta, values), sizes=sizes)
 
 
 def pld_delta_unchecked(q, sigma, t, epsilon, grid, truncation=None):
   """δ(ε) of the schedule, the larger of the directions' (as :func:`pld_epsilon_unchecked`)."""
   values, sizes = lattice(grid)
-  return _pld_delta(q, sigma, t, epsilon, values, truncation, sizes=sizes)
+  return compilation.chained(_poisson_steps, (q, sigma, values, truncation),
+                             _delta_of_steps, (t, epsilon, values), sizes=sizes)
 
 
-def _mechanism(q, sigma, truncation):
-  """The phases' mechanism: (q, σ), or with truncation (q, σ, 1 − w, w, q_c)."""
-  return (q, sigma) if truncation is None else (q, sigma) + truncation_weights(q, *truncation)
+def mixture_epsilon_unchecked(sigma, c, p, t, delta, grid):
+  """ε(δ) of a mixture-of-Gaussians schedule (σ, T (P,); sensitivities ``c``, probabilities
+  ``p`` (P, m); float64) on ``grid``, the larger of the directions'."""
+  values, sizes = lattice(grid)
+  return compilation.chained(_mixture_steps, (sigma, c, p, values),
+                             _epsilon_of_steps, (t, delta, values), sizes=sizes)
+
+
+def mixture_delta_unchecked(sigma, c, p, t, epsilon, grid):
+  """δ(ε) of a mixture-of-Gaussians schedule (as :func:`mixture_epsilon_unchecked`)."""
+  values, sizes = lattice(grid)
+  return compilation.chained(_mixture_steps, (sigma, c, p, values),
+                             _delta_of_steps, (t, epsilon, values), sizes=sizes)
 
 
 def _lattice_of(values, sizes):
@@ -176,44 +200,38 @@ def _lattice_of(values, sizes):
   return Lattice(*lax.optimization_barrier(values), *sizes)
 
 
-@compilation.jit(static_argnames=("sizes",), work=_light)
-def _pld_epsilon(q, sigma, t, delta, values, truncation=None, *, sizes):
-  grid = _lattice_of(values, sizes)
-  first, log_mass, p_inf = _composed(_mechanism(q, sigma, truncation), t, grid, delta=delta)
-  return _larger(_epsilon_of(first, log_mass, p_inf, delta, grid.interval), q)
+# Each query is two programs (:func:`jaxrdp._internal.compilation.chained`): the phases'
+# mechanism and step PMFs (:func:`phase_steps`), which depend on the sampling scheme, then their
+# composition and its read-out, which do not (the mechanism's kind is its tuple's length).
 
 
 @compilation.jit(static_argnames=("sizes",), work=_light)
-def _pld_delta(q, sigma, t, epsilon, values, truncation=None, *, sizes):
-  grid = _lattice_of(values, sizes)
-  first, log_mass, p_inf = _composed(_mechanism(q, sigma, truncation), t, grid, epsilon=epsilon)
-  return jnp.minimum(_larger(_delta_of(first, log_mass, p_inf, epsilon, grid.interval), q), 1.0)
-
-
-def mixture_epsilon_unchecked(sigma, c, p, t, delta, grid):
-  """ε(δ) of a mixture-of-Gaussians schedule (σ, T (P,); sensitivities ``c``, probabilities
-  ``p`` (P, m); float64) on ``grid``, the larger of the directions'."""
-  values, sizes = lattice(grid)
-  return _mixture_epsilon(sigma, c, p, t, delta, values, sizes=sizes)
-
-
-def mixture_delta_unchecked(sigma, c, p, t, epsilon, grid):
-  """δ(ε) of a mixture-of-Gaussians schedule (as :func:`mixture_epsilon_unchecked`)."""
-  values, sizes = lattice(grid)
-  return _mixture_delta(sigma, c, p, t, epsilon, values, sizes=sizes)
+def _poisson_steps(q, sigma, values, truncation=None, *, sizes):
+  """(mechanism, step PMFs) of Poisson or truncated Poisson phases."""
+  mech = (q, sigma) if truncation is None else (q, sigma) + truncation_weights(q, *truncation)
+  return mech, phase_steps(mech, _lattice_of(values, sizes))
 
 
 @compilation.jit(static_argnames=("sizes",), work=_light)
-def _mixture_epsilon(sigma, c, p, t, delta, values, *, sizes):
-  grid = _lattice_of(values, sizes)
-  q = jnp.zeros_like(sigma)   # no Poisson rate: the directions differ (the larger is taken)
-  first, log_mass, p_inf = _composed((q, sigma, c, p), t, grid, delta=delta)
-  return _larger(_epsilon_of(first, log_mass, p_inf, delta, grid.interval), q)
+def _mixture_steps(sigma, c, p, values, *, sizes):
+  """(mechanism, step PMFs) of mixture-of-Gaussians phases; no Poisson rate (q = 0): the
+  directions differ, and the larger is taken."""
+  mech = (jnp.zeros_like(sigma), sigma, c, p)
+  return mech, phase_steps(mech, _lattice_of(values, sizes))
 
 
 @compilation.jit(static_argnames=("sizes",), work=_light)
-def _mixture_delta(sigma, c, p, t, epsilon, values, *, sizes):
+def _epsilon_of_steps(mech_and_steps, t, delta, values, *, sizes):
+  mech, steps = mech_and_steps
   grid = _lattice_of(values, sizes)
-  q = jnp.zeros_like(sigma)
-  first, log_mass, p_inf = _composed((q, sigma, c, p), t, grid, epsilon=epsilon)
-  return jnp.minimum(_larger(_delta_of(first, log_mass, p_inf, epsilon, grid.interval), q), 1.0)
+  first, log_mass, p_inf = _composed(mech, t, grid, delta=delta, steps=steps)
+  return _larger(_epsilon_of(first, log_mass, p_inf, delta, grid.interval), mech[0])
+
+
+@compilation.jit(static_argnames=("sizes",), work=_light)
+def _delta_of_steps(mech_and_steps, t, epsilon, values, *, sizes):
+  mech, steps = mech_and_steps
+  grid = _lattice_of(values, sizes)
+  first, log_mass, p_inf = _composed(mech, t, grid, epsilon=epsilon, steps=steps)
+  return jnp.minimum(_larger(_delta_of(first, log_mass, p_inf, epsilon, grid.interval),
+                             mech[0]), 1.0)
