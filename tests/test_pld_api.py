@@ -201,6 +201,27 @@ def test_epsilon_read_from_a_window_wider_than_700_is_never_below_the_truth():
     assert exact(max(eps - interval, 0.0)) > delta or eps == 0.0, (delta, eps)
 
 
+@pytest.mark.parametrize("m", [1, 7, 1024, 1025])
+def test_suffix_sums_of_logarithms_match_a_direct_sum(m):
+  # readout._suffix: log Σ_{j>k} e^{x_j}, as one masked reduction up to 1,024 terms and by
+  # lax.cumlogsumexp beyond; terms spread over 1,400 nats (no shift fits them all) and -inf
+  # among them. The reference sums each suffix in extended precision from its largest term.
+  from jaxrdp.accounting.pld import readout
+  rng = np.random.default_rng(m)
+  x = rng.uniform(-700.0, 700.0, (2, m))
+  x[:, rng.integers(0, m, m // 3)] = -np.inf
+  got = np.asarray(readout._suffix(jnp.asarray(x)))
+  for row, out in zip(x, got):
+    for k in range(m):
+      tail = row[k + 1:]
+      if not np.isfinite(tail).any():
+        assert out[k] == -np.inf
+        continue
+      top = tail.max()
+      exact = float(top + np.log(np.sum(np.exp(np.longdouble(tail - top)))))
+      assert abs(out[k] - exact) <= 1e-13 * (abs(exact) + 1), (k, out[k], exact)
+
+
 def test_grids_of_the_same_sizes_run_one_program_whatever_their_interval_and_tail_mass():
   # The interval and the tail mass are values of the program, not constants in it: queries at
   # several δ (whose grids aim at tail masses below each δ) or intervals on grids of the same

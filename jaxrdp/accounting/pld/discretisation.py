@@ -78,17 +78,13 @@ class Lattice(NamedTuple):
   bins: int
 
 
-@jax.jit
-def _factors(interval):
-  below_top = (_BLOCK - 1 - np.arange(_BLOCK)) * interval
-  return jnp.exp(-below_top[:, None] * jnp.asarray(_LAMBDAS))
-
-
 @functools.lru_cache(maxsize=64)
 def _interval_values(interval: float, tail_mass: float) -> tuple:
-  with jax.ensure_compile_time_eval():   # evaluated now, also when called inside a trace
-    # (one compiled program, not one per operation)
-    factors = np.array(_factors(np.float64(interval)), np.float64)
+  # The factors e^{−λ(l_top − l_j)} of a block's points below its top (within an ulp or two:
+  # the block sums they weigh allow 256 u, :func:`convolution._log_mgf`), with NumPy: values
+  # of the program, the same in every program, and no program of their own to compile.
+  below_top = (_BLOCK - 1 - np.arange(_BLOCK)) * np.float64(interval)
+  factors = np.exp(-below_top[:, None] * _LAMBDAS)
   factors.flags.writeable = False
   scalars = (interval, math.log(tail_mass), math.exp(-interval), -math.expm1(-interval))
   return tuple(np.float64(v) for v in scalars) + (factors,)
@@ -405,6 +401,7 @@ def _mixture_x_on_grid(u, sigma, c, p):
   step = _STRIDE_NEWTON
   if k <= 4 * step:
     return _mixture_x_of_loss(u, sigma, c, p)
+  segments = -(-k // step)
   coarse_at = np.concatenate([np.arange(0, k, step), [k - 1]])
   n = coarse_at.size
   # The window around the crossing of the infimum (at the row's start where there is none).
@@ -417,10 +414,14 @@ def _mixture_x_on_grid(u, sigma, c, p):
                                  final_step=False)
   x_c = x_slow[..., :n]
   w = _positive_part(u, c, p)
-  w_c = w[..., coarse_at]
-  j = np.minimum(np.arange(k) // step, n - 2)                     # the segment of each point
-  left, right = x_c[..., j], x_c[..., j + 1]
-  w_left, w_right = w_c[..., j], w_c[..., j + 1]
+  w_c = jnp.concatenate([w[..., ::step], w[..., -1:]], axis=-1)
+
+  def spread(v):
+    """v[..., j] at every point of segment j (a broadcast: no gather, fused with its use)."""
+    wide = jnp.broadcast_to(v[..., None], v.shape + (step,))
+    return wide.reshape(v.shape[:-1] + (segments * step,))[..., :k]
+  left, right = spread(x_c[..., :-1]), spread(x_c[..., 1:])
+  w_left, w_right = spread(w_c[..., :-1]), spread(w_c[..., 1:])
   both = jnp.isfinite(left) & jnp.isfinite(right) & (w_right != w_left) & jnp.isfinite(w)
   span = jnp.where(both, w_right - w_left, 1.0)
   frac = jnp.where(both, (jnp.where(both, w, 0.0) - jnp.where(both, w_left, 0.0)) / span, 0.0)
@@ -432,18 +433,13 @@ def _mixture_x_on_grid(u, sigma, c, p):
     value, slope = _mixture_value_and_slope(x, sigma, c, p, positive)
     x = x - (value - w_safe) / slope
   x = jnp.where(both, x, -jnp.inf)
-  # The coarse points and the window, from the loop.
-  x = x.at[..., coarse_at].set(x_c)
-  x = _put_along_last(x, window, x_slow[..., n:])
+  # The coarse points and the window, from the loop (selects: no scatter).
+  i = np.arange(k)
+  x = jnp.where(i % step == 0, left, jnp.where(i == k - 1, x_c[..., -1:], x))
+  offset = i - first[..., None]
+  looped = jnp.take_along_axis(x_slow[..., n:], jnp.clip(offset, 0, 2 * step - 1), axis=-1)
+  x = jnp.where((offset >= 0) & (offset < 2 * step), looped, x)
   return _mixture_finish(x, u, sigma, c, p)
-
-
-def _put_along_last(x, index, values):
-  """``x`` with ``values`` written at ``index`` along the last axis (leading axes matched)."""
-  flat = x.reshape(-1, x.shape[-1])
-  rows = jnp.arange(flat.shape[0])[:, None]
-  return flat.at[rows, index.reshape(flat.shape[0], -1)].set(
-      values.reshape(flat.shape[0], -1)).reshape(x.shape)
 
 
 def _mixture_finish(x, u, sigma, c, p):
