@@ -62,13 +62,13 @@ def _block_logsumexp(x):
 
 
 def _widened(log_sums):
-  """(log S₀, log S₁) raised and lowered by the rounding of logarithms formed as a shift plus
-  the log of a scaled sum, and of their log-sum-exp combinations: 4u(|log S| + 1) (u of the
-  result's magnitude per step), which the terms' relative margin does not cover where |log S|
-  is large. Without a derivative."""
-  slack = [lax.stop_gradient(4 * _U * (jnp.abs(jnp.where(jnp.isfinite(v), v, 0.0)) + 1.0))
-           for v in log_sums]
-  return [log_sums[0] + slack[0], log_sums[1] - slack[1]]
+  """(log S₀, log S₁), stacked on the leading axis, raised and lowered by the rounding of
+  logarithms formed as a shift plus the log of a scaled sum, and of their log-sum-exp
+  combinations: 4u(|log S| + 1) (u of the result's magnitude per step), which the terms'
+  relative margin does not cover where |log S| is large. Without a derivative."""
+  slack = lax.stop_gradient(
+      4 * _U * (jnp.abs(jnp.where(jnp.isfinite(log_sums), log_sums, 0.0)) + 1.0))
+  return log_sums + np.array([1.0, -1.0]).reshape((2,) + (1,) * (log_sums.ndim - 1)) * slack
 
 
 def _delta_at(p_inf, log_s0, log_s1, losses):
@@ -99,19 +99,19 @@ def _epsilon_of(first, log_mass, p_inf, delta, interval):
   margin = (2 * n + 16) * _U
   p_inf_0 = lax.stop_gradient(p_inf)
   # The terms of S₀ and of S₁ in blocks (d, nb, B), each apart (a stacked pair is copied
-  # whole, once per consumer), and each block's sum: read once, for the search and for the
-  # sums at the point found.
+  # whole), and each block's sum: read once, for the search and for the sums at the point
+  # found. What is read from them is stacked (2, d, ...): one kernel for both from then on.
   blocks = [v.reshape(d, nb, _READ_BLOCK) for v in (log_mass + margin, log_mass - losses - margin)]
-  block_sums = [_block_logsumexp(b) for b in blocks]                 # (d, nb) each
-  after = _widened([_suffix(lax.stop_gradient(v)) for v in block_sums])
+  block_sums = jnp.stack([_block_logsumexp(b) for b in blocks])       # (2, d, nb)
+  after = _widened(_suffix(lax.stop_gradient(block_sums)))
   # δ at each block's last point; the first block whose last point meets δ holds the crossing.
   last = losses[:, _READ_BLOCK - 1::_READ_BLOCK]
   block = jnp.argmax(_delta_at(p_inf_0[:, None], after[0], after[1], last) <= delta, axis=-1)
-  inside = [jnp.take_along_axis(b, block[:, None, None], axis=1)[:, 0] for b in blocks]  # (d, B)
+  inside = jnp.stack([jnp.take_along_axis(b, block[:, None, None], axis=1)[:, 0]
+                      for b in blocks])                                  # (2, d, B)
   # S(k + 1) inside that block: its own suffix and the blocks beyond it.
-  suffix = _widened([jnp.logaddexp(_suffix(lax.stop_gradient(i)),
-                                   jnp.take_along_axis(a, block[:, None], axis=1))
-                     for i, a in zip(inside, after)])
+  suffix = _widened(jnp.logaddexp(_suffix(lax.stop_gradient(inside)),
+                                  jnp.take_along_axis(after, block[None, :, None], axis=2)))
   k_all = block[:, None] * _READ_BLOCK + jnp.arange(_READ_BLOCK)
   met = _delta_at(p_inf_0[:, None], suffix[0], suffix[1],
                   jnp.take_along_axis(losses, k_all, axis=1)) <= delta
@@ -122,10 +122,9 @@ def _epsilon_of(first, log_mass, p_inf, delta, interval):
   # S₀(k) and S₁(k) (differentiable) from the block's points from k on and the later blocks.
   from_k = jnp.arange(_READ_BLOCK) >= local[:, None]
   later = jnp.arange(nb) > block[:, None]
-  log_s0, log_s1 = _widened([
-      jax.nn.logsumexp(jnp.concatenate([jnp.where(from_k, i, -jnp.inf),
-                                        jnp.where(later, v, -jnp.inf)], axis=-1), axis=-1)
-      for i, v in zip(inside, block_sums)])
+  log_s0, log_s1 = _widened(jax.nn.logsumexp(
+      jnp.concatenate([jnp.where(from_k, inside, -jnp.inf),
+                       jnp.where(later, block_sums, -jnp.inf)], axis=-1), axis=-1))
   s0 = jnp.exp(log_s0)
   # The closed form rounded up: the numerator by its three operations' rounding (within 3u
   # of p_∞ + S₀ + δ), ε by its logarithm's and difference's (u of each magnitude).
