@@ -9,6 +9,8 @@ take the larger of the two directions' values.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -37,18 +39,29 @@ _DENSE_SUFFIX = 1024   # the longest axis whose suffix sums are one masked m × 
 
 
 def _suffix(log_terms):
-  """log Σ_{j > k} e^{x_j} along the last axis (−inf past the end). Up to :data:`_DENSE_SUFFIX`
-  terms, every k's sum is one log-sum-exp of the terms after it (a masked m × m reduction:
-  m² work, two kernels), the sum of at most m terms at one shift, as a block's; longer axes
-  by ``lax.cumlogsumexp``, whose tree of reduce-windows XLA:CPU compiles as some ten kernels
-  with a log-add-exp each (~0.1-0.2 s more to compile)."""
+  """log Σ_{j > k} e^{x_j} along the last axis (−inf past the end), without a scan (XLA:CPU
+  compiles ``lax.cumlogsumexp``'s tree of reduce-windows as some ten kernels with a
+  log-add-exp each). Up to :data:`_DENSE_SUFFIX` terms, every k's sum is one log-sum-exp of
+  the terms after it (a masked m × m reduction, m² work); longer axes in groups of g ≥ √m
+  terms, every k's sum one log-sum-exp of the terms after it in its group and the sums of the
+  later groups (m·(g + m/g) work). Either way two log-sum-exp steps at most, chained."""
   m = log_terms.shape[-1]
-  if m > _DENSE_SUFFIX:
-    tail = lax.cumlogsumexp(log_terms, axis=log_terms.ndim - 1, reverse=True)
-    pad = [(0, 0)] * (log_terms.ndim - 1) + [(0, 1)]
-    return jnp.pad(tail[..., 1:], pad, constant_values=-jnp.inf)
-  after = np.arange(m)[None, :] > np.arange(m)[:, None]            # (k, j): j > k
-  return _block_logsumexp(jnp.where(after, log_terms[..., None, :], -jnp.inf))
+  if m <= _DENSE_SUFFIX:
+    after = np.arange(m)[None, :] > np.arange(m)[:, None]            # (k, j): j > k
+    return _block_logsumexp(jnp.where(after, log_terms[..., None, :], -jnp.inf))
+  size = math.isqrt(m - 1) + 1
+  groups = -(-m // size)
+  pad = [(0, 0)] * (log_terms.ndim - 1) + [(0, groups * size - m)]
+  grouped = jnp.pad(log_terms, pad, constant_values=-jnp.inf)
+  grouped = grouped.reshape(log_terms.shape[:-1] + (groups, size))       # (..., G, g)
+  inside = np.arange(size)[None, :] > np.arange(size)[:, None]           # (k, j)
+  later = np.arange(groups)[None, :] > np.arange(groups)[:, None]        # (group, other)
+  sums = jnp.where(later, _block_logsumexp(grouped)[..., None, :], -jnp.inf)   # (..., G, G)
+  terms = jnp.concatenate(
+      [jnp.where(inside, grouped[..., None, :], -jnp.inf),
+       jnp.broadcast_to(sums[..., None, :], grouped.shape + (groups,))], axis=-1)
+  total = _block_logsumexp(terms)                                         # (..., G, g)
+  return total.reshape(log_terms.shape[:-1] + (groups * size,))[..., :m]
 
 
 def _block_logsumexp(x):
@@ -64,8 +77,11 @@ def _block_logsumexp(x):
 def _widened(log_sums):
   """(log S₀, log S₁), stacked on the leading axis, raised and lowered by the rounding of
   logarithms formed as a shift plus the log of a scaled sum, and of their log-sum-exp
-  combinations: 4u(|log S| + 1) (u of the result's magnitude per step), which the terms'
-  relative margin does not cover where |log S| is large. Without a derivative."""
+  combinations: 4u(|log S| + 1) (u of the result's magnitude per step, an input's error
+  passing through a log-sum-exp at most whole; at most four steps chained: a block's sum, the
+  suffix over the blocks (:func:`_suffix`: up to two), the suffix inside the block added),
+  which the terms' relative margin does not cover where |log S| is large. Without a
+  derivative."""
   slack = lax.stop_gradient(
       4 * _U * (jnp.abs(jnp.where(jnp.isfinite(log_sums), log_sums, 0.0)) + 1.0))
   return log_sums + np.array([1.0, -1.0]).reshape((2,) + (1,) * (log_sums.ndim - 1)) * slack
