@@ -19,9 +19,10 @@ The schedule: 60 epochs of n = 60,000 examples in batches of B = 256 (q = B/n, 1
   counts the example: n + 1 covers both neighbours of a dataset of n; ε within 1e-5).
 
 Reported: jaxrdp's first call in a fresh process (imports excluded; no compilation cache; the
-median of ``--first-runs`` processes, against the goal of 1.5 s: ``GOAL`` lines), the medians
-of ``--repeats`` warm calls of both in this process, their ratio (``RATIO``: dp_accounting /
-jaxrdp), and both ε (they agree to ~1e-13 under RDP, ~1e-5 under the PLD).
+median of ``--first-runs`` processes; ``GOAL`` lines against the 1.5 s of one ε of one
+phase), the medians of ``--repeats`` warm calls of both in this process, their ratio
+(``RATIO``: dp_accounting / jaxrdp), and both ε (they agree to ~1e-13 under RDP, ~1e-5 under
+the PLD).
 
 Run (from the repository root):
 
@@ -155,7 +156,8 @@ def main(argv=None) -> dict:
     warm, eps = _median_time(ours, args.repeats)
     anchor_repeats = 1 if name == "fixed_1000_phases" else args.repeats
     anchor, eps_anchor = _median_time(lambda: _dp_accounting(name), anchor_repeats)
-    row = {"first_s": first, "first_runs_s": firsts, "warm_s": warm, "dp_accounting_s": anchor, "ratio": anchor / warm,
+    row = {"first_s": first, "first_runs_s": firsts, "warm_s": warm,
+           "dp_accounting_s": anchor, "ratio": anchor / warm,
            "epsilon": eps, "epsilon_dp_accounting": eps_anchor,
            "relative_difference": abs(eps - eps_anchor) / eps_anchor}
     figures["cases"][name] = row
@@ -163,8 +165,12 @@ def main(argv=None) -> dict:
           f"{anchor * 1e3:.1f} ms; epsilon {eps:.10g} vs {eps_anchor:.10g} "
           f"(relative difference {row['relative_difference']:.1e})")
     print(f"RATIO {name}: dp_accounting / jaxrdp warm = {row['ratio']:.1f}x")
-    print(f"GOAL first call {name} = {first:.2f} s (runs {', '.join(f'{v:.2f}' for v in firsts)}; "
-          f"goal <= {FIRST_CALL_GOAL:g} s): {'met' if first <= FIRST_CALL_GOAL else 'NOT met'}")
+    runs = ", ".join(f"{v:.2f}" for v in firsts)
+    if name == "fixed_1000_phases":   # the goal is that of one ε of one phase
+      print(f"first call {name} = {first:.2f} s (runs {runs}; no goal: 1,000 phases)")
+    else:
+      print(f"GOAL first call {name} = {first:.2f} s (runs {runs}; goal <= {FIRST_CALL_GOAL:g} "
+            f"s): {'met' if first <= FIRST_CALL_GOAL else 'NOT met'}")
   _results.write(args, figures)
   return figures
 

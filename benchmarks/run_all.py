@@ -39,6 +39,8 @@ BENCHMARKS = {
     "bench_accounting": ([], ["--repeats", "3"]),
     "bench_transform": ([], ["--repeats", "11"]),
     "bench_pld": ([], ["--repeats", "1"]),
+    "bench_samplers": ([], ["--repeats", "1", "--first-runs", "1"]),
+    "bench_mixture": ([], ["--repeats", "1", "--first-runs", "1"]),
     "bench_sweep": ([], []),
     "bench_scale": ([], []),
 }
