@@ -45,9 +45,10 @@ def _log_mgf(pmf, start, grid):
   are combined by log-sum-exp. It bounds the mass above the window, so it must not round low:
   each block sum is raised by the rounding of a 64-term dot product of non-negative terms
   and of its factors (NumPy's exponentials, within 2 u each: 256 u relative in all) and by
-  64 flushed subnormal products (64 × 2⁻¹⁰²² absolute) where the block holds any mass, and the exponent by the rounding of λ·l_top; the log-sum-exp of the blocks
-  by their count times u (a sum of m non-negative terms, in any order, is within (m − 1)u of
-  it: Higham 2002, §4.2; the logarithm's own rounding, u·|K|, is the caller's 1e-10·|K|).
+  64 flushed subnormal products (64 × 2⁻¹⁰²² absolute) where the block holds any mass, and the
+  exponent by the rounding of λ·l_top; the log-sum-exp of the blocks by their count times u
+  (a sum of m non-negative terms, in any order, is within (m − 1)u of it: Higham 2002, §4.2;
+  the logarithm's own rounding, u·|K|, is the caller's 1e-10·|K|).
   No derivative flows (it places the window, bounds a negligible tail and picks the tilt).
   Leading axes of ``pmf`` and ``start`` are batch axes; the λ axis is appended."""
   pmf = lax.stop_gradient(pmf)
