@@ -290,3 +290,44 @@ def test_any_lane_keeps_an_optional_branch_a_cond_under_vmap():
   np.testing.assert_allclose(jax.vmap(jax.grad(f))(jnp.array([0.5, 0.7])), [1.0, 1.0])
   nested = jax.vmap(jax.vmap(f))(jnp.array([[0.5, 0.7], [0.2, 3.0]]))
   np.testing.assert_allclose(nested, [[0.5, 0.7], 2.0 * np.sin([0.2, 3.0])])
+
+
+def test_what_a_derivative_rule_computes_from_its_primals_is_not_partially_evaluated(monkeypatch):
+  # A custom_jvp rule whose search (a while loop) depends on the primals alone: under jax.grad
+  # the rule runs in a partial-evaluation trace, which re-traces a loop bound there even when
+  # all its inputs are known; through loops.of_primals it is handed to the enclosing trace.
+  from jax._src.interpreters import partial_eval as pe
+  evaluated = []
+  rule = pe.custom_partial_eval_rules[jax.lax.while_p]
+  monkeypatch.setitem(pe.custom_partial_eval_rules, jax.lax.while_p,
+                      lambda *a, **k: evaluated.append(1) or rule(*a, **k))
+
+  def search(x):   # the root of y^3 = x by bisection: a loop of the primal alone
+    def halve(c):
+      mid = 0.5 * (c[0] + c[1])
+      return jnp.where(mid**3 > x, jnp.stack([c[0], mid]), jnp.stack([mid, c[1]]))
+    lo, hi = jax.lax.while_loop(lambda c: c[1] - c[0] > 1e-12, halve, jnp.stack([0.0, 8.0]))
+    return 0.5 * (lo + hi)
+
+  def make(wrap):
+    @jax.custom_jvp
+    def root(x):
+      return search(x)
+
+    @root.defjvp
+    def _(primals, tangents):
+      y = wrap(search)(*primals)
+      return y, tangents[0] / (3 * y**2)
+    return root
+
+  plain, wrapped = make(lambda f: f), make(loops.of_primals)
+  x = jnp.float64(2.0)
+  expected = jax.jit(jax.grad(plain))(x)
+  assert evaluated
+  evaluated.clear()
+  np.testing.assert_array_equal(jax.jit(jax.grad(wrapped))(x), expected)
+  assert not evaluated
+  np.testing.assert_allclose(expected, 1 / (3 * 2.0 ** (2 / 3)), rtol=1e-9)
+  # Higher orders differentiate the search itself, as without the wrapper.
+  f = lambda v: jax.jvp(loops.of_primals(lambda u: u**3), (v,), (jnp.float64(1.0),))[1]
+  np.testing.assert_allclose(jax.grad(f)(x), 6 * 2.0)

@@ -20,6 +20,7 @@ from jax import lax
 import numpy as np
 
 from jaxrdp._internal import compilation
+from jaxrdp._internal import loops
 from jaxrdp._internal import validation
 from jaxrdp.accounting import composition
 from jaxrdp.mechanisms import sampled_gaussian
@@ -46,7 +47,7 @@ def _envelope_jvp(primals, tangents):
     return eps, jnp.zeros_like(eps)
   grads = _concrete_gradient(best, *args, wanted=wanted)
   if grads is None:
-    grads = _epsilon_gradient(best, *args, wanted=wanted)
+    grads = loops.of_primals(lambda *a: _epsilon_gradient(*a, wanted=wanted))(best, *args)
   pairs = tuple((g, d) for g, d, w in zip(grads, dots, wanted) if w)
   return eps, _contract(*zip(*pairs)).astype(eps.dtype)
 

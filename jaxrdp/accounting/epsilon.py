@@ -285,14 +285,16 @@ def _searched_epsilon(q, sigma, t, delta, spec):
 def _searched_epsilon_jvp(spec, primals, tangents):
   wanted = tuple(not isinstance(d, jax.custom_derivatives.SymbolicZero) for d in tangents)
   grid, split, tables, steps = _search_arguments(spec)
+  search = lambda *args, **kwargs: loops.of_primals(
+      lambda *a: _grid_search(*a, grid, split, tables, steps, **kwargs))(*args)
   if not any(wanted):
-    eps = _grid_search(*primals, grid, split, tables, steps)[0]
+    eps = search(*primals)[0]
     return eps, jnp.zeros_like(eps)
   if wanted[0] or wanted[1]:
-    eps, _, grads = _grid_search(*primals, grid, split, tables, steps, wanted=wanted)
+    eps, _, grads = search(*primals, wanted=wanted)
   else:   # T or δ only: no derivative of the RDP, the gradient at the order found
-    eps, best = _grid_search(*primals, grid, split, tables, steps)
-    grads = _epsilon_gradient(best, *primals, wanted=wanted)
+    eps, best = search(*primals)
+    grads = loops.of_primals(lambda *a: _epsilon_gradient(*a, wanted=wanted))(best, *primals)
   pairs = tuple((g, d) for g, d, w in zip(grads, tangents, wanted) if w)
   return eps, _contract(*zip(*pairs)).astype(eps.dtype)
 
