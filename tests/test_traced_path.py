@@ -60,3 +60,35 @@ def test_the_binned_search_keeps_the_whole_grid_minimum():
   np.testing.assert_allclose(float(traced), whole_grid, rtol=1e-12)
   refined = float(jax.jit(lambda s: jaxrdp.dpsgd_epsilon(q, s, t, 1e-5))(sigma))
   assert refined <= float(traced)
+
+
+@pytest.mark.parametrize("phases", [1, 100])
+def test_second_derivatives_of_epsilon_are_nan_not_zero(phases):
+  # The derivative rules take first derivatives only (the envelope gradient at the optimal
+  # order). Differentiating them again gave 0, a plausible number (d²ε/dσ² is ~7.5 here by
+  # differences of the gradient): every second derivative is NaN, eagerly and under jit.
+  q, t = jnp.full(phases, 0.01), jnp.full(phases, 1000.0 / phases)
+  f = lambda s: jnp.sum(jaxrdp.dpsgd_epsilon(q, s, t, 1e-5))
+  sigma = jnp.full(phases, 1.2)
+  gradient = jax.grad(f)(sigma)
+  assert np.all(np.isfinite(gradient)) and np.all(gradient < 0)
+  for second in (jax.hessian(f), jax.jit(jax.hessian(f)), jax.jacrev(jax.grad(f))):
+    assert np.all(np.isnan(second(sigma))), second
+  # And in the steps and δ (the gradient at the order found).
+  for i, x in ((2, t), (3, jnp.float64(1e-5))):
+    g = lambda v: jnp.sum(jaxrdp.dpsgd_epsilon(q, sigma, *((v, 1e-5) if i == 2 else (t, v))))
+    assert np.all(np.isfinite(jax.grad(g)(x))) and np.all(np.isnan(jax.hessian(g)(x)))
+
+
+def test_second_derivatives_of_the_rdp_curve_are_nan_or_right():
+  # log A's quadrature carries first derivatives (the integrand's, on the value's nodes);
+  # differentiating those again gave 0 for RDP (d²/dσ² ≈ 1.09 below, by differences of the
+  # gradient) and a RecursionError for log_a. NaN now; the exact sums of integer orders
+  # (eagerly) are differentiated by JAX, a right second derivative.
+  rdp = lambda alpha: lambda s: jaxrdp.compute_rdp(0.01, s, 1000.0, jnp.array([alpha]))[0]
+  for f in (rdp(2.5), lambda s: jaxrdp.log_a(0.01, s, 2.5)):
+    assert np.isfinite(jax.grad(f)(1.2))
+    assert np.isnan(jax.hessian(f)(1.2)) and np.isnan(jax.jit(jax.hessian(f))(1.2))
+  g, h = jax.grad(rdp(8.0)), 1e-4
+  np.testing.assert_allclose(jax.hessian(rdp(8.0))(1.2), (g(1.2 + h) - g(1.2 - h)) / (2 * h),
+                             rtol=1e-6)

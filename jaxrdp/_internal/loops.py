@@ -19,6 +19,7 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax import lax
+import numpy as np
 
 
 def without_nested_jit(fun):
@@ -34,17 +35,31 @@ def without_nested_jit(fun):
 
 def of_primals(fun):
   """``fun`` for what a ``jax.custom_jvp`` rule computes from its primal values alone (a
-  search, a gradient at the point): the same function, its derivative ``jax.jvp``'s of it.
+  search, a gradient at the point), with a NaN derivative.
 
   Under ``jax.grad`` (JAX's linearisation) a rule runs inside a partial-evaluation trace, and
   every loop or nested ``jax.jit`` it binds there is partially evaluated (its body traced
   again, to split known from unknown values) even when all its inputs are known, as they are
   here: ~35 % of tracing ``jax.grad`` of ε. A ``custom_jvp`` function whose inputs are all
-  known is handed to the enclosing trace as a whole instead, with no partial evaluation; its
-  own rule is reached only by a derivative of the rule itself (higher orders), which then
-  differentiates ``fun`` as before."""
+  known is handed to the enclosing trace as a whole instead, with no partial evaluation.
+
+  Its own rule is reached only where the rule itself is differentiated (a second derivative:
+  ``jax.hessian``, ``jax.jacfwd`` of ``jax.grad``). jaxrdp's rules do not implement those:
+  differentiating their searches and fixed-order gradients gave 0, a plausible and wrong
+  number, so every floating output's tangent is NaN (integer outputs have none)."""
+  def nan_rule(primals, tangents):
+    out = fun(*primals)
+    # NaN times the tangents (linear in them: a constant would be taken for a zero tangent).
+    moved = sum(jnp.sum(d) for d in jax.tree_util.tree_leaves(tangents)
+                if jnp.issubdtype(jnp.result_type(d), jnp.inexact))
+
+    def nan(v):
+      v = jnp.asarray(v)
+      return (jnp.full_like(v, jnp.nan) * moved.astype(v.dtype)
+              if jnp.issubdtype(v.dtype, jnp.inexact) else np.zeros(v.shape, jax.dtypes.float0))
+    return out, jax.tree_util.tree_map(nan, out)
   wrapped = jax.custom_jvp(fun)
-  wrapped.defjvp(lambda primals, tangents: jax.jvp(fun, primals, tangents))
+  wrapped.defjvp(nan_rule)
   return wrapped
 
 

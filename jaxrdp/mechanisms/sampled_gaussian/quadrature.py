@@ -331,7 +331,8 @@ def _log_j_jvp(primals, tangents):
   # The windows do not depend on the parameters (they only decide where to look), so d log J
   # is the quadrature of the integrand's derivative on the same nodes, at the level each
   # element reached; the kernel accumulates it alongside the value (one pass). The tangent is
-  # linear in the inputs' tangents, so JAX transposes it for reverse mode.
-  log_j, grads = _KERNEL_WITH_GRAD(*primals)
+  # linear in the inputs' tangents, so JAX transposes it for reverse mode. The kernel's
+  # values depend on the primals alone (loops.of_primals: no second derivative, NaN).
+  log_j, grads = loops.of_primals(_KERNEL_WITH_GRAD)(*primals)
   tangent = sum(grads[..., i] * t for i, t in enumerate(tangents))
   return log_j, tangent

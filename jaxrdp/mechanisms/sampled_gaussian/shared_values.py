@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
+from jaxrdp._internal import loops
 from jaxrdp.mechanisms.sampled_gaussian.common import _in_row_blocks, _where
 from jaxrdp.mechanisms.sampled_gaussian.shared_levels import _level_block_rows, _log_j_levels
 from jaxrdp.mechanisms.sampled_gaussian.shared_nodes import (_SHARED_INTERVALS, _log_j_shared,
@@ -76,8 +77,11 @@ def _partials_times_tangents(q, sigma, alphas, groups, tangents):
   stack = lambda v: jnp.concatenate([v] * k) if k > 1 else v
   unit = lambda i: jnp.concatenate([jnp.full((n,), float(i == j), q.dtype) for j, _ in given])
   per_pair = alphas if alphas.ndim == 1 else stack(alphas)
-  log_j, partials = _shared_values(stack(q), stack(sigma), per_pair, groups,
-                                   (unit(0), unit(1), None))
+  # The partials depend on the primal values alone (loops.of_primals: not partially evaluated
+  # again under jax.grad; no second derivative, NaN).
+  log_j, partials = loops.of_primals(
+      lambda q_, s_, a_: _shared_values(q_, s_, a_, groups, (unit(0), unit(1), None)))(
+          stack(q), stack(sigma), per_pair)
   partials = partials.reshape((k, n) + partials.shape[1:])
   return log_j[:n], sum(p * d[:, None] for p, (_, d) in zip(partials, given))
 
