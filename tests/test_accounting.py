@@ -108,6 +108,38 @@ def test_calibration_jits_and_vmaps_over_targets():
     assert float(accounting.dpsgd_epsilon(Q, s, 1000.0, DELTA, refine_order=False)) <= float(e)
 
 
+def _central_difference(f, x, h):
+  return (float(f(x + h)) - float(f(x - h))) / (2 * h)
+
+
+def test_calibrations_are_differentiable_by_the_implicit_function_theorem():
+  # Reverse mode raised (the search's loop cannot be transposed); the derivative is
+  # -(∂ε/∂x)/(∂ε/∂σ) at the answer. Against central differences of the calibration itself
+  # (its bracket closes to 1e-9 relative: differences over 1e-5 are good to ~1e-6).
+  sigma = lambda e, d, q, t: accounting.calibrate_noise_multiplier(e, d, q, t)
+  args = (2.0, 1e-5, 0.01, 1000.0)
+  grads = jax.grad(sigma, argnums=(0, 1, 2, 3))(*args)
+  jitted = jax.jit(jax.grad(sigma, argnums=(0, 1, 2, 3)))(*args)
+  np.testing.assert_allclose(jitted, grads, rtol=1e-10)
+  for i, g in enumerate(grads):
+    x = args[i]
+    f = lambda v: sigma(*args[:i], v, *args[i + 1:])
+    np.testing.assert_allclose(g, _central_difference(f, x, 1e-5 * x), rtol=1e-5)
+  np.testing.assert_allclose(jax.jvp(lambda e: sigma(e, *args[1:]), (2.0,), (1.0,))[1],
+                             grads[0], rtol=1e-12)
+  rate = lambda e: accounting.calibrate_sampling_rate(e, 1e-5, 1.1, 1000.0)
+  np.testing.assert_allclose(jax.grad(rate)(2.0), _central_difference(rate, 2.0, 2e-5),
+                             rtol=1e-5)
+  targets = jnp.array([1.0, 2.0, 4.0])
+  batched = jax.jit(jax.vmap(jax.grad(lambda e: sigma(e, *args[1:]))))(targets)
+  np.testing.assert_allclose(batched, [jax.grad(lambda e: sigma(e, *args[1:]))(e)
+                                       for e in targets], rtol=1e-10)
+  assert np.isnan(jax.hessian(lambda e: sigma(e, *args[1:]))(2.0))   # first order only
+  # An answer at the end of the range, below the target there, stays put: q = 1.
+  at_one = lambda e: accounting.calibrate_sampling_rate(e, 1e-5, 5.0, 10.0)
+  assert float(at_one(20.0)) == 1.0 and float(jax.grad(at_one)(20.0)) == 0.0
+
+
 def test_calibrated_sampling_rate_and_steps_are_safe_and_tight():
   q = float(accounting.calibrate_sampling_rate(2.0, DELTA, 1.0, T))
   assert float(accounting.dpsgd_epsilon(q, 1.0, T, DELTA, refine_order=False)) <= 2.0

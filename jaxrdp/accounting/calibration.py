@@ -31,6 +31,7 @@ from jaxrdp.accounting.order_search import grid_epsilon
 from jaxrdp.accounting.conversion import compute_epsilon
 from jaxrdp.accounting.envelope import _concrete_split, _first_without_fallback
 from jaxrdp.accounting.epsilon import (_concrete_epsilons, _grid_values, _with_slots, dpsgd_epsilon,
+                                       dpsgd_epsilon_unchecked,
                                        order_grid,
                                        schedule_rdp, use_pld)
 from jaxrdp.accounting.roots import _host_boundary, _safe_boundary
@@ -54,7 +55,9 @@ def calibrate_noise_multiplier(target_epsilon: jax.typing.ArrayLike, delta: jax.
   evaluations), and the returned σ is always a point where ε(σ) ≤ target was checked.
   ``sampling_rate`` and ``steps`` may be schedules (1-D); σ is then one multiplier for all
   phases. Jittable (and vmappable over targets). Eagerly, a target that no σ reaches raises
-  ``ValueError``; under jit it gives NaN.
+  ``ValueError``; under jit it gives NaN. With the RDP accountant and Poisson sampling,
+  differentiable (``jax.grad``, ``jax.jvp``; first order) in the target, δ, the sampling rate
+  and the steps, by the implicit function theorem at the answer: dσ/dx = −(∂ε/∂x)/(∂ε/∂σ).
 
   Args:
     target_epsilon: the ε to reach, > 0.
@@ -127,10 +130,44 @@ def _rdp_calibration(unknown, target_epsilon, delta, fixed, t, orders, unreachab
     result = _calibrate_fixed(target, delta, fixed, t, grid, unknown=unknown,
                               n_max=samplers.max_order(grid))
   else:
-    result = _calibrated(unknown, target, delta, fixed, t, grid)
+    result = _implicit(unknown, grid)(target, delta, fixed, t)
   if validation.is_concrete(result) and np.isnan(np.asarray(result)):
     raise ValueError(f"target_epsilon={float(target_epsilon)} is not reachable {unreachable}.")
   return validation.nan_where_invalid(valid, result)
+
+
+def _implicit(unknown, grid):
+  """:func:`_calibrated` as a function of (target, δ, fixed, t), differentiated by the
+  implicit function theorem: the answer v solves ε(v) = target (ε the grid-order ε the
+  search reads, :func:`jaxrdp.accounting.epsilon.dpsgd_epsilon_unchecked` without refinement),
+  so dv = (d target − ∂ε/∂δ dδ − ∂ε/∂fixed · d fixed − ∂ε/∂t · dt) / (dε/dv), with ε's
+  envelope partial derivatives at v (v is one value for all phases: dε/dv sums the phases').
+  Linear in the tangents (reverse mode transposes it; differentiating the search itself
+  cannot be: its loop runs until the bracket closes). 0 where the answer is an end of the
+  searched range with ε below the target there (q = 1, σ = 1e-4: it stays put), NaN where no
+  answer was found; a second derivative is NaN (:func:`jaxrdp._internal.loops.of_primals`)."""
+  sign, _, s_min, s_max = _SEARCHES[unknown]
+  ends = sorted(math.exp(sign * s) for s in (s_min, s_max))
+  @jax.custom_jvp
+  def solve(target, delta, fixed, t):
+    return _calibrated(unknown, target, delta, fixed, t, grid)
+
+  def epsilon(value, delta, fixed, t):
+    q, sigma = _phases(unknown, fixed, jnp.broadcast_to(value, fixed.shape))
+    return dpsgd_epsilon_unchecked(q, sigma, t, delta, grid, False)
+
+  @solve.defjvp
+  def _(primals, tangents):
+    target, delta, fixed, t = primals
+    d_target, d_delta, d_fixed, d_t = tangents
+    value = loops.of_primals(solve)(*primals)
+    grads = loops.of_primals(jax.grad(epsilon, argnums=(0, 1, 2, 3)))(value, delta, fixed, t)
+    d_value, d_eps_delta, d_eps_fixed, d_eps_t = grads
+    moved = (d_target - d_eps_delta * d_delta - jnp.sum(d_eps_fixed * d_fixed)
+             - jnp.sum(d_eps_t * d_t))
+    at_end = (value <= ends[0]) | (value >= ends[1])
+    return value, jnp.where(at_end, 0.0, moved / jnp.where(at_end, 1.0, d_value))
+  return solve
 
 
 def _calibrated(unknown, target, delta, fixed, t, grid):
@@ -245,6 +282,8 @@ def calibrate_sampling_rate(target_epsilon: jax.typing.ArrayLike, delta: jax.typ
   ε is non-decreasing in q; bracketed regula falsi in log q on the grid-order ε, to a bracket
   of 1e-9 relative; the q returned was checked to meet the target. Returns 1 when even q = 1
   meets the target. Eagerly, a target no q > 1e-12 reaches raises ``ValueError``; NaN under jit.
+  With the RDP accountant and Poisson sampling, differentiable (first order) in the target,
+  δ, σ and the steps, as :func:`calibrate_noise_multiplier` (0 where q = 1 is the answer).
 
   Args:
     target_epsilon: the ε to reach, > 0.
