@@ -178,15 +178,18 @@ def test_the_grid_search_equals_the_branch_and_bound_search(schedule):
   # loop, with the per-order fallback inside. The same ε (to the kernels' rounding); the
   # refinements differ (the branch and bound: steps of 8 orders; the grid search: steps of rows
   # of shared nodes, 96 orders on the default grid), so the orders agree to their resolution
-  # (the bracket, 0.1 wide here, narrowed at least 8,300 times), and ε, flat at its minimum,
-  # to 1e-12.
+  # (the bracket, a grid spacing wide, narrowed at least 8,300 times), and ε to what that
+  # resolution leaves at a quadratic minimum: the grid search's finer order is never worse
+  # (to 1e-12), the branch and bound's is within 1e-7. At q = 1e-4, σ = 5, T = 10⁵ the spacing
+  # near α = 459 is 16, the resolution 0.002, and ε'' ≈ 1.5e-4 (measured: ε rises 7.3e-11
+  # over Δα = 0.001), so ε/ε* − 1 ≈ ½ ε'' Δα² / ε* = 1.1e-8 there; ≤ 6e-12 in the other cases.
   q, s, t, d = SCHEDULES[schedule]
   q, s, t = accounting.schedule_phases(q, s, t)
   d = np.asarray(d)
   grid = np.asarray(jaxrdp.DEFAULT_ORDERS)
   eps_bb, best_bb = (float(v) for v in accounting._search_epsilon(q, s, t, d, jnp.asarray(grid), True))
   eps, best = (float(v) for v in accounting._concrete_epsilon(q, s, t, d, grid, True))
-  assert eps == pytest.approx(eps_bb, rel=1e-12, abs=0)
+  assert eps <= eps_bb * (1 + 1e-12) and eps_bb <= eps * (1 + 1e-7), (eps, eps_bb)
   assert best == pytest.approx(best_bb, rel=1e-5, abs=0)
   if q.shape == (1,):   # (one compiled program for the constant schedules)
     jitted = float(jax.jit(accounting.dpsgd_epsilon)(q, s, t, d))
