@@ -49,7 +49,8 @@ if os.environ.get("JAXRDP_TEST_XLA_DEFAULTS") != "1":
 # so no run reuses another's programs (a first call is never timed here: benchmarks/ do that,
 # with no cache). Not where the user set a cache directory, nor with JAXRDP_TEST_NO_CACHE=1.
 _RUN_CACHE = []   # the directory this process created (the controller's), removed at the end
-if not os.environ.get("JAX_COMPILATION_CACHE_DIR") and os.environ.get("JAXRDP_TEST_NO_CACHE") != "1":
+if (not os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    and os.environ.get("JAXRDP_TEST_NO_CACHE") != "1"):
   _RUN_CACHE.append(tempfile.mkdtemp(prefix="jaxrdp-test-xla-cache-"))
   os.environ["JAX_COMPILATION_CACHE_DIR"] = _RUN_CACHE[0]
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
