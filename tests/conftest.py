@@ -5,6 +5,7 @@ on here, for the test process only (the library itself never touches the flag; a
 that importing it leaves the flag alone). float32 tests pass float32 arrays explicitly.
 """
 
+import atexit
 import json
 import os
 import pathlib
@@ -48,10 +49,11 @@ if os.environ.get("JAXRDP_TEST_XLA_DEFAULTS") != "1":
 # suite's time. It starts empty, in a temporary directory that the run removes at its end,
 # so no run reuses another's programs (a first call is never timed here: benchmarks/ do that,
 # with no cache). Not where the user set a cache directory, nor with JAXRDP_TEST_NO_CACHE=1.
-_RUN_CACHE = []   # the directory this process created (the controller's), removed at the end
+_RUN_CACHE = []   # the directory this process created (the controller's), removed at exit
 if (not os.environ.get("JAX_COMPILATION_CACHE_DIR")
     and os.environ.get("JAXRDP_TEST_NO_CACHE") != "1"):
   _RUN_CACHE.append(tempfile.mkdtemp(prefix="jaxrdp-test-xla-cache-"))
+  atexit.register(shutil.rmtree, _RUN_CACHE[0], ignore_errors=True)   # (also after a usage error)
   os.environ["JAX_COMPILATION_CACHE_DIR"] = _RUN_CACHE[0]
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 
@@ -113,9 +115,3 @@ def pytest_collection_modifyitems(config, items):
   del config
   rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
   items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))   # stable
-
-
-def pytest_unconfigure(config):
-  del config
-  for directory in _RUN_CACHE:
-    shutil.rmtree(directory, ignore_errors=True)
