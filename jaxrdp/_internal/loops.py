@@ -50,8 +50,8 @@ def of_primals(fun):
   def nan_rule(primals, tangents):
     out = fun(*primals)
     # NaN times the tangents (linear in them: a constant would be taken for a zero tangent).
-    moved = sum(jnp.sum(d) for d in jax.tree_util.tree_leaves(tangents)
-                if jnp.issubdtype(jnp.result_type(d), jnp.inexact))
+    moved = jnp.asarray(sum(jnp.sum(d) for d in jax.tree_util.tree_leaves(tangents)
+                            if jnp.issubdtype(jnp.result_type(d), jnp.inexact)))
 
     def nan(v):
       v = jnp.asarray(v)
