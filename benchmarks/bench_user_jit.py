@@ -4,7 +4,9 @@ Each case runs in its own fresh Python process with an empty ``HOME`` / ``XDG_CA
 no ``JAX_COMPILATION_CACHE_DIR`` and ``JAXRDP_CACHE_DIR=""`` (no compilation cache of any
 kind), ``JAX_PLATFORMS=cpu`` unless ``--platform`` says otherwise, float64. The user's
 ``jax.jit`` gets XLA's default compiler options. Reported per case: the first call (trace +
-compile + one run, after the imports) and the warm call, medians over ``--repeats``
+compile + one run, after the imports and the platform's start, which is timed apart: a CUDA
+context takes about a second whatever the program) with its trace, lowering and compile
+times (``jax.monitoring``), and the warm call, medians over ``--repeats``
 processes. The long schedule (10,000 steps, a different σ each) is also composed by
 dp_accounting in the same process (``RdpAccountant``, the same events, ``get_epsilon``), and
 the ratio of the two warm times is printed; dp_accounting takes 5 to 10 minutes there on 2 CPU
@@ -21,6 +23,7 @@ write the figures as JSON (``benchmarks/_results.py``).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -32,12 +35,19 @@ import time
 import _results
 
 _PRELUDE = """
-import json, time
+import collections, json, time
 import jax
+import jax.monitoring
 jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp
 import numpy as np
 import jaxrdp
+s = time.perf_counter()
+jax.devices()  # the platform's start (a CUDA context: ~1 s on a GPU), paid by any JAX program
+backend_init = time.perf_counter() - s
+events = collections.Counter()
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, duration, **kw: events.update({event: duration}))
 """
 
 _CASES = {
@@ -92,12 +102,16 @@ _RUN = """
 t0 = time.perf_counter()
 value = jax.block_until_ready(f(*args))
 t1 = time.perf_counter()
+split = {k: events[e] for k, e in (("trace", "/jax/core/compile/jaxpr_trace_duration"),
+         ("lower", "/jax/core/compile/jaxpr_to_mlir_module_duration"),
+         ("compile", "/jax/core/compile/backend_compile_duration"))}
 warm = []
 for _ in range(5):
   s = time.perf_counter()
   jax.block_until_ready(f(*args))
   warm.append(time.perf_counter() - s)
 out = {"first": t1 - t0, "warm": sorted(warm)[2], "device_kind": jax.devices()[0].device_kind,
+       "backend_init": backend_init, **split,
        "value": [float(v) for v in jnp.ravel(jnp.asarray(jax.tree_util.tree_leaves(value)[0]))[:2]]}
 if %(anchor)r:
   import dp_accounting
@@ -170,6 +184,9 @@ def main() -> None:
   args = parser.parse_args()
   cases, device_kind = {}, None
   names = list(_CASES) if args.only is None else args.only.split(",")
+  if not args.no_anchor and importlib.util.find_spec("dp_accounting") is None:
+    print("dp_accounting is not installed: the 10,000-step schedule runs without its anchor")
+    args.no_anchor = True
   for name in names:
     anchor = name == "jit_epsilon_10k" and not args.no_anchor and args.anchor_repeats > 0
     runs = [_run(_PRELUDE + _CASES[name] + _RUN % {"anchor": anchor and i < args.anchor_repeats,
@@ -179,7 +196,12 @@ def main() -> None:
     first = statistics.median(r["first"] for r in runs)
     device_kind = runs[0]["device_kind"]
     warm = statistics.median(r["warm"] for r in runs)
-    line = f"{name}: first call {first:.2f} s, warm {1e3 * warm:.2f} ms, value {runs[0]['value']}"
+    split = {k: statistics.median(r[k] for r in runs)
+             for k in ("backend_init", "trace", "lower", "compile")}
+    line = (f"{name}: first call {first:.2f} s (trace {split['trace']:.2f}, lower "
+            f"{split['lower']:.2f}, compile {split['compile']:.2f}; platform start "
+            f"{split['backend_init']:.2f} s before it), warm {1e3 * warm:.2f} ms, "
+            f"value {runs[0]['value']}")
     if anchor:
       anchored = [r for r in runs if "anchor" in r]
       ratio = statistics.median(r["anchor"] / r["warm"] for r in anchored)
@@ -192,7 +214,7 @@ def main() -> None:
     goal_first, goal_warm = GOALS[name]
     cases[name] = {"what": LABELS[name], "first_s": first, "warm_s": warm,
                    "value": runs[0]["value"], "goal_first_s": goal_first, "goal_warm_s": goal_warm,
-                   "processes": len(runs)}
+                   "processes": len(runs), **{f"{k}_s": v for k, v in split.items()}}
     if anchor:
       cases[name].update(anchor="dp_accounting RdpAccountant", anchor_processes=len(anchored),
                          anchor_s=statistics.median(r["anchor"] for r in anchored),

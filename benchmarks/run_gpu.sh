@@ -24,11 +24,16 @@ step() {  # step NAME LIMIT_S command...
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee -a "$LOG"
 FIRST='import time; t = time.perf_counter(); import jax; jax.config.update("jax_enable_x64", True)
-import jaxrdp; e = float(jaxrdp.dpsgd_epsilon(0.01, 1.1, 10_000, 1e-5)); t1 = time.perf_counter()
+import jaxrdp; t1 = time.perf_counter(); jax.devices(); t2 = time.perf_counter()
+e = float(jaxrdp.dpsgd_epsilon(0.01, 1.1, 10_000, 1e-5)); t3 = time.perf_counter()
 g = float(jax.grad(lambda s: jaxrdp.dpsgd_epsilon(0.01, s, 10_000, 1e-5))(1.1))
-print(f"fresh process on {jax.devices()[0]}: dpsgd_epsilon {e:.6f} after {t1 - t:.2f} s, grad {g:.6f} after {time.perf_counter() - t1:.2f} s more")'
+print(f"fresh process on {jax.devices()[0]}: imports {t1 - t:.2f} s, platform start {t2 - t1:.2f} s, "
+      f"dpsgd_epsilon {e:.6f} in {t3 - t2:.2f} s, then grad {g:.6f} in {time.perf_counter() - t3:.2f} s")'
 step first 60 "$PY" -c "$FIRST"
-step user_jit 240 "$PY" benchmarks/bench_user_jit.py --platform cuda --repeats 1 --anchor-subset 200 --json "$R/bench_user_jit.json"
+JIT=jit_epsilon,jit_grad_epsilon,jit_calibrate,jit_compute_rdp,jit_vmap_epsilon  # *_options: CPU only
+JIT+=,jit_value_and_grad_30,jit_value_and_grad_10k,jit_epsilon_10k
+step user_jit 300 "$PY" benchmarks/bench_user_jit.py --platform cuda --repeats 3 --anchor-subset 200 \
+  --only $JIT --json "$R/bench_user_jit.json"
 step sweep_output_1e8 150 "$PY" benchmarks/bench_sweep_output.py --platform cuda --size 100000000 --repeats 1 --json "$R/bench_sweep_output_1e8.json"
 step sweep_output_1e9 240 "$PY" benchmarks/bench_sweep_output.py --platform cuda --size 1000000000 --forms output --repeats 1 --json "$R/bench_sweep_output_1e9.json"
 step gpu 90 "$PY" benchmarks/bench_gpu.py --repeats 3 --budget 2 --json "$R/bench_gpu.json"
