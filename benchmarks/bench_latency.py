@@ -14,6 +14,11 @@ What it measures (issue 12, goal 1), each in its own fresh Python process with a
   ``calibrate_noise_multiplier(2.0, 1e-5, 0.01, 10_000)`` and
   ``compute_rdp(0.01, 1.1, 10_000, DEFAULT_ORDERS)``; one process per call and repeat, medians.
 
+On a machine with an accelerator, ``--platform auto --plain --skip-script`` runs the first
+calls with JAX's own platforms (the accelerator and the host CPU), each also with
+``JAXRDP_PLAIN_JIT=1`` (every entry point a plain ``jax.jit``, on the accelerator): what the
+dispatch layer's host route saves (``benchmarks/run_gpu.sh``).
+
 How to run (from the repository root)::
 
     python benchmarks/bench_latency.py [--repeats 5] [--save]
@@ -67,7 +72,8 @@ value = jax.block_until_ready(fn())
 t1 = time.perf_counter()
 jax.block_until_ready(fn())
 t2 = time.perf_counter()
-print(json.dumps({"first": t1 - t0, "second": t2 - t1, "value": jnp.ravel(jnp.asarray(value))[:3].tolist()}))
+print(json.dumps({"first": t1 - t0, "second": t2 - t1, "value": jnp.ravel(jnp.asarray(value))[:3].tolist(),
+                  "device": str(next(iter(value.devices())))}))
 """
 
 # The calls as docs/performance.md shows them.
@@ -80,20 +86,25 @@ GOALS = {"dpsgd_epsilon": 1.5, "grad_dpsgd_epsilon": 3.0, "calibrate_noise_multi
          "compute_rdp": 1.0}
 
 
-def _clean_env(tmp: str) -> dict:
+def _clean_env(tmp: str, platform: str = "cpu", plain: bool = False) -> dict:
   env = {k: v for k, v in os.environ.items()
-         if not k.startswith("JAX_COMPILATION_CACHE") and k != "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"}
-  env.update(HOME=tmp, XDG_CACHE_HOME=tmp, JAXRDP_CACHE_DIR="", JAX_PLATFORMS="cpu")
+         if not k.startswith("JAX_COMPILATION_CACHE") and k != "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
+         and k not in ("JAX_PLATFORMS", "JAXRDP_PLAIN_JIT")}
+  env.update(HOME=tmp, XDG_CACHE_HOME=tmp, JAXRDP_CACHE_DIR="")
+  if platform != "auto":   # auto: JAX's own choice (an accelerator where there is one, and the CPU)
+    env["JAX_PLATFORMS"] = platform
+  if plain:
+    env["JAXRDP_PLAIN_JIT"] = "1"
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env["PYTHONPATH"] = repo + os.pathsep + env.get("PYTHONPATH", "")
   return env
 
 
-def _run(code: str) -> tuple[float, str]:
+def _run(code: str, platform: str = "cpu", plain: bool = False) -> tuple[float, str]:
   with tempfile.TemporaryDirectory() as tmp:
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", code], env=_clean_env(tmp), capture_output=True,
-                         text=True, check=False)
+    out = subprocess.run([sys.executable, "-c", code], env=_clean_env(tmp, platform, plain),
+                         capture_output=True, text=True, check=False)
     wall = time.perf_counter() - t0
   if out.returncode != 0:
     raise RuntimeError(f"subprocess failed:\n{out.stderr[-3000:]}")
@@ -105,6 +116,11 @@ def main() -> None:
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--skip-script", action="store_true")
   parser.add_argument("--only", default=None, help="comma-separated first calls to measure")
+  parser.add_argument("--platform", default="cpu",
+                      help="JAX_PLATFORMS of the processes ('auto': JAX's own choice)")
+  parser.add_argument("--plain", action="store_true",
+                      help="also each first call with JAXRDP_PLAIN_JIT=1 (no dispatch layer), "
+                           "alternating with the default")
   _results.add_options(parser)
   args = parser.parse_args()
   figures = {}
@@ -138,20 +154,33 @@ def main() -> None:
 
   names = list(GOALS) if args.only is None else args.only.split(",")
   for name in names:
-    firsts, seconds = [], []
-    for _ in range(args.repeats):
-      _, printed = _run(_FIRST_CALL % name)
-      res = json.loads(printed)
-      firsts.append(res["first"])
-      seconds.append(res["second"])
+    firsts, seconds, plains = [], [], []
+    for i in range(args.repeats):
+      modes = [False, True] if args.plain else [False]
+      for plain in (modes if i % 2 == 0 else modes[::-1]):
+        _, printed = _run(_FIRST_CALL % name, args.platform, plain)
+        if plain:
+          plains.append(json.loads(printed)["first"])
+          continue
+        res = json.loads(printed)
+        firsts.append(res["first"])
+        seconds.append(res["second"])
     first = statistics.median(firsts)
     print(f"{name}: first call {first:.3f} s (min {min(firsts):.3f}), second call "
-          f"{1e3 * statistics.median(seconds):.2f} ms, value {res['value']}", flush=True)
-    print(f"GOAL first call {name} = {first:.2f} s (goal <= {GOALS[name]} s): "
-          f"{'met' if first <= GOALS[name] else 'NOT met'}")
-    figures.setdefault("first_calls", {})[name] = {
-        "what": LABELS[name], "first_s": first, "min_first_s": min(firsts), "second_s": statistics.median(seconds),
-        "goal_first_s": GOALS[name], "processes": len(firsts), "value": res["value"]}
+          f"{1e3 * statistics.median(seconds):.2f} ms, value {res['value']} on {res['device']}",
+          flush=True)
+    record = {"what": LABELS[name], "first_s": first, "min_first_s": min(firsts),
+              "second_s": statistics.median(seconds), "goal_first_s": GOALS[name],
+              "processes": len(firsts), "value": res["value"], "device": res["device"]}
+    if plains:
+      record["plain_first_s"] = statistics.median(plains)
+      print(f"{name}: with JAXRDP_PLAIN_JIT=1 {record['plain_first_s']:.3f} s: the dispatch "
+            f"layer's first call is {record['plain_first_s'] / first:.2f}x faster")
+    if args.platform == "cpu":   # the goals are this 2-core CPU's
+      print(f"GOAL first call {name} = {first:.2f} s (goal <= {GOALS[name]} s): "
+            f"{'met' if first <= GOALS[name] else 'NOT met'}")
+    figures.setdefault("first_calls", {})[name] = record
+  figures["platform"] = args.platform
   _results.write(args, figures)
 
 

@@ -25,11 +25,20 @@ step() {  # step NAME LIMIT_S command...
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee -a "$LOG"
 FIRST='import time; t = time.perf_counter(); import jax; jax.config.update("jax_enable_x64", True)
 import jaxrdp; t1 = time.perf_counter(); jax.devices(); t2 = time.perf_counter()
-e = float(jaxrdp.dpsgd_epsilon(0.01, 1.1, 10_000, 1e-5)); t3 = time.perf_counter()
-g = float(jax.grad(lambda s: jaxrdp.dpsgd_epsilon(0.01, s, 10_000, 1e-5))(1.1))
-print(f"fresh process on {jax.devices()[0]}: imports {t1 - t:.2f} s, platform start {t2 - t1:.2f} s, "
-      f"dpsgd_epsilon {e:.6f} in {t3 - t2:.2f} s, then grad {g:.6f} in {time.perf_counter() - t3:.2f} s")'
+e = jaxrdp.dpsgd_epsilon(0.01, 1.1, 10_000, 1e-5); t3 = time.perf_counter()
+g = float(jax.grad(lambda s: jaxrdp.dpsgd_epsilon(0.01, s, 10_000, 1e-5))(1.1)); t4 = time.perf_counter()
+c = float(jaxrdp.calibrate_noise_multiplier(2.0, 1e-5, 0.01, 10_000)); t5 = time.perf_counter()
+p = float(jaxrdp.dpsgd_epsilon(0.01, 1.1, 10_000, 1e-5, accountant="pld")); t6 = time.perf_counter()
+print(f"fresh process on {jax.devices()[0]}: imports {t1 - t:.2f} s, platform start {t2 - t1:.2f} s; "
+      f"first calls: dpsgd_epsilon {float(e):.9f} (on {e.devices()}) in {t3 - t2:.2f} s, its grad "
+      f"{g:.9f} {t4 - t3:.2f} s, calibrate_noise_multiplier {c:.9f} {t5 - t4:.2f} s, PLD epsilon "
+      f"{p:.9f} {t6 - t5:.2f} s")'
 step first 60 "$PY" -c "$FIRST"
+# The same on the accelerator itself (no dispatch layer: every entry point a plain jax.jit).
+step first_plain 60 env JAXRDP_PLAIN_JIT=1 "$PY" -c "$FIRST"
+# Each eager first call in its own fresh process, against JAXRDP_PLAIN_JIT=1 (alternating).
+step latency 150 "$PY" benchmarks/bench_latency.py --platform auto --plain --skip-script \
+  --repeats 2 --json "$R/bench_latency.json"
 JIT=jit_epsilon,jit_grad_epsilon,jit_calibrate,jit_compute_rdp,jit_vmap_epsilon  # *_options: CPU only
 JIT+=,jit_value_and_grad_30,jit_value_and_grad_10k,jit_epsilon_10k
 step user_jit 300 "$PY" benchmarks/bench_user_jit.py --platform cuda --repeats 3 --anchor-subset 200 \

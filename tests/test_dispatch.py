@@ -5,7 +5,9 @@ re-raised forever; JAX settings that change results are honoured (plain ``jax.ji
 ignored by an executable compiled for the defaults; a user's ``jax.disable_jit()`` runs the
 body op by op; a collector another thread switched off stays off; the background compilers
 can be shut down (and are, at exit); ``JAXRDP_PLAIN_JIT=1`` makes every entry point a plain
-``jax.jit`` with the same values.
+``jax.jit`` with the same values. Where the default backend is an accelerator, small eager calls
+run on the host's CPU device, large ones and those under a chosen default device where JAX puts
+them.
 """
 
 import gc
@@ -161,3 +163,55 @@ def test_compiler_options_leave_out_an_option_this_jaxlib_rejects(monkeypatch):
   options = compilation.compiler_options()
   assert "xla_no_such_option_for_jaxrdp" not in options
   assert jax.jit(lambda x: 2 * x, compiler_options=options)(3.0) == 6.0
+
+
+def test_small_eager_calls_run_on_the_host_where_the_default_backend_is_an_accelerator(
+    monkeypatch):
+  # Where jax.default_backend() is a GPU or TPU, a small eager call compiles ahead of time
+  # for the host's CPU device with the CPU options (an accelerator compiles it several times
+  # slower and runs it no faster); a large one, one on a default device the user chose, and
+  # one under a setting plain jax.jit honours stay plain jax.jit calls. (This machine has
+  # only a CPU: the accelerator is its default device relabelled; run_gpu.sh checks a GPU.)
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  f = compilation.jit(lambda v: jnp.expm1(v) / 3.0)
+  small, large = np.linspace(0.1, 1.0, 8), np.linspace(0.1, 1.0, compilation._RUN_TIME_ELEMENTS)
+  out = f(small)
+  assert len(f.executables) == 1 and isinstance(out, jax.Array) and not out.committed
+  assert out.devices() == {jax.devices("cpu")[0]}
+  np.testing.assert_allclose(np.asarray(out), np.expm1(small) / 3.0, rtol=1e-15, atol=0)
+  (key,) = f.executables
+  assert str(jax.devices("cpu")[0]) in key   # compiled under the host device
+  f(large)
+  with jax.default_device(jax.devices()[0]):
+    f(small + 1.0)
+  with jax.debug_nans(True):
+    f(small + 2.0)
+  assert len(f.executables) == 1   # those three were plain jax.jit calls
+  # prepare() compiles in the background for the host and says where the outputs will be.
+  g = compilation.jit(lambda v: v * 5.0)
+  (shape,) = jax.tree.leaves(g.prepare(small))
+  assert shape.sharding == jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+  np.testing.assert_array_equal(np.asarray(g(small)), small * 5.0)
+  assert len(g.executables) == 1
+
+
+def test_public_queries_run_whole_on_the_host_where_the_default_backend_is_an_accelerator(
+    monkeypatch):
+  # compilation.on_host (the public accounting queries): a small eager call runs under the
+  # host's CPU device, so that the operations between its compiled programs are not compiled
+  # one by one for the accelerator; traced and large calls, and a chosen default device, not.
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  seen = []
+  f = compilation.on_host(lambda v: seen.append(jax.config.jax_default_device) or v)
+  host = jax.devices("cpu")[0]
+  f(np.ones(3))
+  f(np.ones(compilation._RUN_TIME_ELEMENTS))
+  jax.jit(f)(np.ones(3))
+  with jax.default_device(jax.devices()[0]):
+    f(np.ones(3))
+  assert seen == [host, None, None, jax.devices()[0]]
+  import jaxrdp
+  assert jaxrdp.dpsgd_epsilon.__wrapped__   # the public queries carry it
+  monkeypatch.undo()   # the real backend: a CPU here (nothing chosen), an accelerator elsewhere
+  expected = None if jax.default_backend() == "cpu" else host
+  assert compilation.on_host(lambda: jax.config.jax_default_device)() == expected

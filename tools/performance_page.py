@@ -92,7 +92,14 @@ DISPATCH = """\
 ## What the dispatch layer does, and does not
 
 Eager calls (concrete arguments, CPU backend) run ahead-of-time executables that jaxrdp
-compiles and caches itself (`jaxrdp/_internal/compilation.py`). It stays out of your way:
+compiles and caches itself (`jaxrdp/_internal/compilation.py`). Where JAX's default backend is
+a GPU or TPU, a small eager accounting query (fewer than 2,048 elements of work: one ε, a
+calibration, an RDP curve) runs the same way on the host CPU, whole: XLA compiles such a
+program for the host several times faster than for an accelerator, which would not run it
+faster. Its result is an uncommitted array on the host, which JAX moves wherever it is used
+next. Larger calls, calls inside your own `jax.jit`, `jax.grad` or `jax.vmap`, arguments
+committed to the accelerator, and a default device you chose (`jax.default_device`) run where
+JAX puts them. It stays out of your way:
 
 * under a non-default JAX setting that changes results (`jax_debug_nans`, `jax_debug_infs`,
   matmul precision, dtype or rank promotion), the call is a plain `jax.jit`, which honours it;
@@ -271,11 +278,24 @@ def latency(r: dict) -> str:
   if "first_calls" in f:
     calls = f["first_calls"]
     processes = max(c["processes"] for c in calls.values())
-    text += [f"Eager calls, each in a fresh process after the imports (medians of "
-             f"{_of(processes, 'process')}):", "",
-             _table(["call", "first call", "second call", "goal"],
-                    [[c["what"], _t(c["first_s"]), _t(c["second_s"]),
-                      _goal(c["first_s"], c["goal_first_s"])] for c in calls.values()])]
+    if f.get("platform", "cpu") == "cpu":
+      text += [f"Eager calls, each in a fresh process after the imports (medians of "
+               f"{_of(processes, 'process')}):", "",
+               _table(["call", "first call", "second call", "goal"],
+                      [[c["what"], _t(c["first_s"]), _t(c["second_s"]),
+                        _goal(c["first_s"], c["goal_first_s"])] for c in calls.values()])]
+    else:   # an accelerator's machine: against the same calls compiled for the accelerator
+      text += [f"Eager calls, each in a fresh process after the imports, JAX choosing its "
+               f"platforms (the accelerator and the host CPU; medians of "
+               f"{_of(processes, 'process')}). A small eager query runs on the host CPU, where "
+               f"XLA compiles it faster (see [What the dispatch layer does](#what-the-dispatch-"
+               f"layer-does-and-does-not)); `JAXRDP_PLAIN_JIT=1` runs it on the accelerator, "
+               f"a plain `jax.jit`:", "",
+               _table(["call", "first call", "runs on", "second call",
+                       "with `JAXRDP_PLAIN_JIT=1`"],
+                      [[c["what"], _t(c["first_s"]), f"`{c['device']}`", _t(c["second_s"]),
+                        _t(c["plain_first_s"]) if "plain_first_s" in c else "–"]
+                       for c in calls.values()])]
   return "\n".join(text).rstrip()
 
 

@@ -40,6 +40,7 @@ _SIGMA_MIN, _SIGMA_MAX = 1e-4, 1e8   # noise multipliers searched
 _Q_MIN = 1e-12                       # smallest sampling rate searched
 
 
+@compilation.on_host
 def calibrate_noise_multiplier(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.ArrayLike,
                                sampling_rate: jax.typing.ArrayLike, steps: jax.typing.ArrayLike, *,
                                orders: jax.typing.ArrayLike | None = None,
@@ -271,6 +272,7 @@ def _calibrate_on_grid(target, delta, fixed, t, grid, tables, fallback, split, u
   return _search(unknown, target, fixed, eps_of, (target, delta, fixed, t))
 
 
+@compilation.on_host
 def calibrate_sampling_rate(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.ArrayLike,
                             noise_multiplier: jax.typing.ArrayLike, steps: jax.typing.ArrayLike, *,
                             orders: jax.typing.ArrayLike | None = None,
@@ -335,6 +337,7 @@ def calibrate_sampling_rate(target_epsilon: jax.typing.ArrayLike, delta: jax.typ
                           "and delta", sampling)
 
 
+@compilation.on_host
 def calibrate_steps(target_epsilon: jax.typing.ArrayLike, delta: jax.typing.ArrayLike,
                     sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike, *,
                     max_steps: int = 10 ** 9,

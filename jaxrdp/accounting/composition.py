@@ -14,6 +14,7 @@ from jaxrdp._internal import validation
 from jaxrdp.mechanisms import sampled_gaussian
 
 
+@compilation.on_host
 def compute_rdp(q: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
                 steps: jax.typing.ArrayLike, orders: jax.typing.ArrayLike) -> jax.Array:
   r"""RDP of ``steps`` compositions of the Poisson-sampled Gaussian mechanism.

@@ -76,6 +76,7 @@ def _check_method(method):
   validation.check_choice("method", method, METHODS)
 
 
+@compilation.on_host
 def compute_epsilon(orders: jax.typing.ArrayLike, rdp: jax.typing.ArrayLike,
                     delta: jax.typing.ArrayLike, *, method: str = "improved"
                     ) -> tuple[jax.Array, jax.Array]:
@@ -160,6 +161,7 @@ def epsilon_at_orders(orders, rdp, delta, method="improved"):
   return jnp.maximum(eps, 0.0) * (1 + _OUTPUT_ULPS * jnp.finfo(eps.dtype).eps)
 
 
+@compilation.on_host
 def compute_delta(orders: jax.typing.ArrayLike, rdp: jax.typing.ArrayLike,
                   epsilon: jax.typing.ArrayLike, *, method: str = "improved"
                   ) -> tuple[jax.Array, jax.Array]:

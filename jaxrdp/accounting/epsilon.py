@@ -95,6 +95,7 @@ def _epsilon_at(q, sigma, t, delta, alpha):
   return epsilon_at_orders(alpha, r, delta)
 
 
+@compilation.on_host
 def dpsgd_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
                   steps: jax.typing.ArrayLike, delta: jax.typing.ArrayLike, *,
                   orders: jax.typing.ArrayLike | None = None,

@@ -466,6 +466,7 @@ def noisy_sgd_utility(steps: jax.typing.ArrayLike, learning_rate: jax.typing.Arr
   return utility
 
 
+@compilation.on_host
 def epsilon_trajectory(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
                        steps: jax.typing.ArrayLike, delta: float, at_steps: jax.typing.ArrayLike, *,
                        orders: jax.typing.ArrayLike | None = None) -> jax.Array:

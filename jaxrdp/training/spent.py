@@ -14,6 +14,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
+from jaxrdp._internal import compilation
 from jaxrdp._internal import validation
 from jaxrdp.accounting import pld
 from jaxrdp.accounting import samplers
@@ -59,6 +60,7 @@ def rdp_spent(opt_state) -> tuple[jax.Array, jax.Array]:
   return rdp_accountant.accumulated_rdp(_find_accountant(opt_state).accountant)
 
 
+@compilation.on_host
 def privacy_spent(opt_state, delta: jax.typing.ArrayLike, *,
                   orders: jax.typing.ArrayLike | None = None, accountant: str = "rdp",
                   pld_grid: pld.PldGrid | None = None) -> tuple[jax.Array, jax.Array]:

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrdp._internal import compilation
 from jaxrdp._internal import validation
 from jaxrdp.accounting import composition
 from jaxrdp.accounting.pld.discretisation import DEFAULT_INTERVAL, DEFAULT_TAIL_MASS, PldGrid
@@ -130,6 +131,7 @@ def _valid(q, sigma, t, other, other_domain):
           & validation.in_domain(other_domain, other))
 
 
+@compilation.on_host
 def pld_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
                 steps: jax.typing.ArrayLike, delta: jax.typing.ArrayLike, *,
                 pld_grid: PldGrid | None = None, dataset_size: int | None = None,
@@ -179,6 +181,7 @@ def pld_epsilon(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typin
                    delta, pld_grid, dataset_size, max_batch_size)
 
 
+@compilation.on_host
 def pld_delta(sampling_rate: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
               steps: jax.typing.ArrayLike, epsilon: jax.typing.ArrayLike, *,
               pld_grid: PldGrid | None = None, dataset_size: int | None = None,
@@ -232,6 +235,7 @@ def _evaluate(kernel, sampling_rate, noise_multiplier, steps, name, value, given
 # The mixture of Gaussians.
 
 
+@compilation.on_host
 def mixture_of_gaussians_epsilon(standard_deviation: jax.typing.ArrayLike,
                                  sensitivities: jax.typing.ArrayLike,
                                  probabilities: jax.typing.ArrayLike,
@@ -276,6 +280,7 @@ def mixture_of_gaussians_epsilon(standard_deviation: jax.typing.ArrayLike,
                            probabilities, steps, "delta", delta, pld_grid)
 
 
+@compilation.on_host
 def mixture_of_gaussians_delta(standard_deviation: jax.typing.ArrayLike,
                                sensitivities: jax.typing.ArrayLike,
                                probabilities: jax.typing.ArrayLike,

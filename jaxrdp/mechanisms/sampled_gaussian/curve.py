@@ -33,6 +33,7 @@ from jaxrdp.mechanisms.sampled_gaussian.terms import _terms
 _FALLBACK_BATCH = 256        # (pair, order) elements of the per-order quadrature per step
 
 
+@compilation.on_host
 def log_a(q: jax.typing.ArrayLike, sigma: jax.typing.ArrayLike,
           alpha: jax.typing.ArrayLike) -> jax.Array:
   r"""log A_α of the Poisson-sampled Gaussian mechanism (Mironov, Talwar, Zhang 2019, Sec. 3).
@@ -69,6 +70,7 @@ def log_a(q: jax.typing.ArrayLike, sigma: jax.typing.ArrayLike,
   return log_a_and_rdp(q, sigma, alpha)[0]
 
 
+@compilation.on_host
 def rdp_sampled_gaussian(q: jax.typing.ArrayLike, noise_multiplier: jax.typing.ArrayLike,
                          orders: jax.typing.ArrayLike) -> jax.Array:
   r"""RDP ε(α) = log A_α / (α − 1) of one step of the Poisson-sampled Gaussian mechanism.
