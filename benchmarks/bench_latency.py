@@ -73,7 +73,8 @@ t1 = time.perf_counter()
 jax.block_until_ready(fn())
 t2 = time.perf_counter()
 print(json.dumps({"first": t1 - t0, "second": t2 - t1, "value": jnp.ravel(jnp.asarray(value))[:3].tolist(),
-                  "device": str(next(iter(value.devices())))}))
+                  "device": str(next(iter(value.devices()))),
+                  "device_kind": jax.devices()[0].device_kind}))
 """
 
 # The calls as docs/performance.md shows them.
@@ -181,6 +182,8 @@ def main() -> None:
             f"{'met' if first <= GOALS[name] else 'NOT met'}")
     figures.setdefault("first_calls", {})[name] = record
   figures["platform"] = args.platform
+  if "first_calls" in figures and args.platform != "cpu":   # the default device's kind
+    figures["device_kind"] = res["device_kind"]
   _results.write(args, figures)
 
 

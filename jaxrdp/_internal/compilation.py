@@ -125,8 +125,9 @@ def _host(leaves):
   """The CPU device on which a small eager call runs where the default backend is another
   (GPU, TPU), or None. An accounting query is a few thousand scalar operations on a few
   hundred values, which the host runs about as fast as an accelerator, while XLA compiles it
-  for the host several times faster (one ε in a fresh process on an H200 machine: 5.0 s on
-  the GPU). Arguments on the accelerator are copied (small by definition); the results are
+  for the host several times faster (first calls 2-4x faster on an H200 machine:
+  docs/performance.md, "GPU"); on a TPU, float64 runs there natively too. Arguments on the
+  accelerator are copied (small by definition); the results are
   uncommitted arrays on the host, which JAX moves wherever they are used next, as it moves
   the default device's own. Where a default device is chosen (``jax.default_device``: the
   user's, or :func:`on_host`'s), that device if it is a CPU, else None (the call runs there).
