@@ -58,14 +58,50 @@ def _level_weights():
   return table
 
 
+def _stein_sigma(nodes, inv_2s2, alpha, m_ref, ref, log_q, d_log_s):
+  r"""d sigma times the integrand of d J / d sigma at shared nodes, relative to the value
+  integrand's reference (the constant :math:`e^{m_{ref}(m_{ref}-1)/(2\sigma^2)}`, the peak
+  ``ref``, :math:`\varphi`'s normalisation and the step, which the sums of J share): summed with
+  the same rule, their ratio to J's sum is d log J.
+
+  With :math:`\mu = 1/\sigma`, :math:`A_\alpha = E_w[f(\mu w - \mu^2/2)]` for
+  :math:`w \sim N(0, 1)` and :math:`f(u) = (1 - q + q e^u)^\alpha`; Stein's identity
+  :math:`E[w\,h(w)] = E[h'(w)]` gives :math:`\partial A/\partial\mu = \mu E[f'' - f'] =
+  \mu\,\alpha(\alpha-1)\,q^2 E[L^2 (1+x)^{\alpha-2}]` (L = e^u, 1 + x = 1 - q + qL), so that
+  :math:`\partial J/\partial\sigma = -\alpha q^2 K/\sigma^3` with
+  :math:`K = E_{z \sim N(0,\sigma^2)}[L^2 (1+x)^{\alpha-2}]` (J = (A - 1)/(alpha - 1)): a positive
+  integrand, no cancellation, on the value's nodes. Its exponent
+  :math:`2\log q - z^2/(2\sigma^2) + 2u + (\alpha-2)\ell` (:math:`\ell = \log(1+x)`) in the
+  form with the local power 2 or alpha (:func:`_integrand`'s identity) whose terms are smaller,
+  as the value's: what keeps float32 exact."""
+  z = nodes["z"]
+  # At the node z = 1/2 (u = 0, x = 0, marked by log|x| = -inf) _grid_nodes computes the other
+  # fields at a placeholder u; there l = l - u = 0 (the value's integrand is 0 there, this not).
+  at_zero = nodes["log_q1m"] == -jnp.inf
+  ell, ell_minus_u = (_where(at_zero, 0.0, nodes[k]) for k in ("ell", "ell_minus_u"))
+  relative = lambda m: (m - m_ref) * (m + m_ref - 1) * inv_2s2
+  two = relative(2.0) - (z - 2) ** 2 * inv_2s2 + (alpha - 2) * ell
+  at_alpha = relative(alpha) - (z - alpha) ** 2 * inv_2s2 + (alpha - 2) * ell_minus_u
+  size_two = jnp.maximum(jnp.maximum(4.0, (z - 2) ** 2) * inv_2s2, jnp.abs((alpha - 2) * ell))
+  size_alpha = jnp.maximum(jnp.maximum(alpha * alpha, (z - alpha) ** 2) * inv_2s2,
+                           jnp.abs((alpha - 2) * ell_minus_u))
+  e = 2 * log_q + _where(size_alpha < size_two, at_alpha, two)
+  return (-2 * alpha * inv_2s2 * d_log_s) * jnp.exp(jnp.maximum(e - ref, _exp_floor(z.dtype)))
+
+
 def _log_j_levels(q, sigma, orders, tangents=None):
   r"""log J (r, g) on rows: flat generic q, sigma (r,), each row with its own ascending orders
   and their constants ``orders`` (r, 5 g) (:func:`_order_block`), on nested grids of its span
   (:func:`_shared_span`); +inf where a value cannot be certified. With ``tangents`` = (dq,
   dsigma) (each (r,) or None: that direction not differentiated), also log J's derivative
   along them (r, g) (0 where not certified): the same rules applied, on the same nodes and
-  level, to the integrand's derivative (window, reference power and its scale held fixed, as
-  they only decide where and relative to what to sum), in the same pass.
+  level, in the same pass, to the integrand of the derivative (window, reference power and its
+  scale held fixed, as they only decide where and relative to what to sum): along q the
+  integrand's derivative (``jax.jvp``), along sigma the integrand that Stein's identity gives
+  (:func:`_stein_sigma`), a function of the nodes' values that needs no derivative of them
+  (their derivatives along sigma, traced, took ~10 more kernels: ~0.3 s of a first
+  ``jax.grad``'s compilation). Both agree to 2e-14 (float64) over q in [1e-8, 0.99], sigma in
+  [0.3, 50] and the default orders.
 
   Level 0 is every second node of the 129-node grid (65 nodes, step 2h); its trapezoid rule
   and those on every second and fourth of its nodes (33, 17) certify most rows (:func:`_assess`,
@@ -107,10 +143,10 @@ def _log_j_levels(q, sigma, orders, tangents=None):
   # whether the row is pending. Everything the body needs per row is a column: no division, logarithm or exponential of a
   # row's scalars in the loop (each would be a kernel of its own, evaluated before the
   # broadcast over nodes and orders).
-  # With tangents, five more fixed columns: the derivatives of log q, log(1-q), q, log sigma
-  # and 1/(2 sigma^2) along the row's direction; and three more per-order blocks of state: the
-  # derivatives of the midpoint sum, of the last complete level's sum and of log J.
-  n_fixed, n_counters = (12 if with_tangent else 7), 8
+  # With tangents, more fixed columns: the derivatives of log q, log(1-q) and q (moving q), of
+  # log sigma (moving sigma) along the row's direction; and three more per-order blocks of
+  # state: the derivatives of the midpoint sum, of the last complete level's sum and of log J.
+  n_fixed, n_counters = 7 + 3 * moving_q + moving_s, 8
   n_blocks = 12 if with_tangent else 9
   width = n_fixed + 5 * g   # the fixed columns; then the state, then whether the row is pending
   # The matrix is one kernel: per-row columns computed by _select_columns, placed by padding
@@ -120,12 +156,10 @@ def _log_j_levels(q, sigma, orders, tangents=None):
   x = _select_columns([q_, s_, wide(lo, 7), q_, -q_, s_, s_])
   fixed = _select_columns([x, x, x, jnp.log(x), jnp.log1p(x), jnp.log(x), 0.5 / (x * x)])
   if with_tangent:
-    zero = jnp.zeros_like(q)
-    dq = sg(tangents[0]) if moving_q else zero
-    ds = sg(tangents[1]) if moving_s else zero
-    d_log_s = ds / sigma
-    fixed = jnp.concatenate([fixed, jnp.stack(
-        [dq / q, -dq / (1 - q), dq, d_log_s, -d_log_s / (sigma * sigma)], axis=-1)], axis=-1)
+    dq = sg(tangents[0]) if moving_q else None
+    columns = [dq / q, -dq / (1 - q), dq] if moving_q else []
+    columns += [sg(tangents[1]) / sigma] if moving_s else []
+    fixed = jnp.concatenate([fixed, jnp.stack(columns, axis=-1)], axis=-1)
   # The constant row: zero fixed columns; level 0, block 0, blocks 0.5, then the row's step
   # (level 0: every second node of the 129-node grid), log step and rates in columns 3 to 7;
   # per order: zeros, log J +inf, failed 1; pending 1.
@@ -175,9 +209,9 @@ def _log_j_levels(q, sigma, orders, tangents=None):
     z = ex(lo_) + ex(offset) + ex(_where(first, step, 2 * step)) * j
     row_values = (inv_2s2, log_q_, log1m_q_, q_)
     nodes_of = lambda i2, lq, l1q, qq: _grid_nodes(z, ex(i2), ex(lq), ex(l1q), ex(qq))
-    if with_tangent:   # d(1/(2 sigma^2)), d log q, d log(1-q), dq
-      d_nodes_in = (d_row[4],) + tuple(d_row[:3])
-      nodes, d_nodes = jax.jvp(nodes_of, row_values, d_nodes_in)
+    if moving_q:   # along q: d log q, d log(1-q), dq (sigma's derivative: _stein_sigma)
+      nodes, d_nodes = jax.jvp(lambda *v: nodes_of(inv_2s2, *v), row_values[1:],
+                               tuple(d_row[:3]))
     else:
       nodes = nodes_of(*row_values)
     alpha = alphas_[..., None]
@@ -190,10 +224,14 @@ def _log_j_levels(q, sigma, orders, tangents=None):
     def values_of(nodes_, i2):
       e, mult = _grid_terms(nodes_, ex(i2), alpha, m_ref_[..., None], constants=constants)
       return jnp.exp(jnp.maximum(e - ref_[..., None], _exp_floor(dtype))) * mult
-    if with_tangent:
-      values, d_values = jax.jvp(values_of, (nodes, inv_2s2), (d_nodes, d_row[4]))
+    if moving_q:
+      values, d_values = jax.jvp(lambda n: values_of(n, inv_2s2), (nodes,), (d_nodes,))
     else:
       values = values_of(nodes, inv_2s2)
+      d_values = jnp.zeros_like(values) if with_tangent else None
+    if moving_s:   # d/dsigma of the integrand, as the integrand of _stein_sigma, times d sigma
+      d_values = d_values + _stein_sigma(nodes, ex(inv_2s2), alpha, m_ref_[..., None],
+                                         ref_[..., None], ex(log_q_), ex(d_row[-1]))
     # The 65th node of a refinement block is a dummy: zero, so that it cannot reach the sums
     # even as inf or NaN (a weight of 0 would not stop those).
     real = first[:, None, None] | (j < _LEVEL_NODES - 1)
@@ -253,9 +291,8 @@ def _log_j_levels(q, sigma, orders, tangents=None):
                     _where(c, new_log_t, log_t), _where(c, coarse, older), m_ref_, ref_, edge])
     judged = select([_where(newly, new_log_t + shift, log_j), failed_now.astype(dtype)])
     parts = [counters, plain, judged]
-    if with_tangent:   # d log J = d(sum)/sum - d log sigma + m_ref (m_ref - 1) d(1/(2 sigma^2))
-      d_new = (d_new_total / new_total - d_row[3][:, None]
-               + m_ref_ * (m_ref_ - 1) * d_row[4][:, None])
+    if with_tangent:   # d log J = d(sum)/sum: both sums relative to the same constant
+      d_new = d_new_total / new_total
       parts.append(select([_where(c, 0.0, d_partial), _where(c, d_new_total, d_total),
                            _where(newly, d_new, d_log_j)]))
     out = jnp.concatenate(parts + [(~done)[:, None].astype(dtype)], axis=-1)

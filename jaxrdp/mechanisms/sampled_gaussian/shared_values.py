@@ -79,8 +79,10 @@ def _partials_times_tangents(q, sigma, alphas, groups, tangents):
   per_pair = alphas if alphas.ndim == 1 else stack(alphas)
   # The partials depend on the primal values alone (loops.of_primals: not partially evaluated
   # again under jax.grad; no second derivative, NaN).
+  # The directions not given are not differentiated at all (None), in the loop either.
+  directions = lambda: tuple(unit(i) if any(i == j for j, _ in given) else None for i in (0, 1))
   log_j, partials = loops.of_primals(
-      lambda q_, s_, a_: _shared_values(q_, s_, a_, groups, (unit(0), unit(1), None)))(
+      lambda q_, s_, a_: _shared_values(q_, s_, a_, groups, directions() + (None,)))(
           stack(q), stack(sigma), per_pair)
   partials = partials.reshape((k, n) + partials.shape[1:])
   return log_j[:n], sum(p * d[:, None] for p, (_, d) in zip(partials, given))
@@ -169,8 +171,14 @@ def _shared_values(q, sigma, alphas, groups, tangents=None, intervals=_SHARED_IN
     if tangents is None:
       kernel, extra = (lambda xs: _log_j_levels(*xs)), ()
     else:
-      dq, ds = (jnp.repeat(d, n_groups) for d in tangents[:2])
-      kernel, extra = (lambda xs: _log_j_levels(*xs[:3], xs[3:])), (dq, ds)
+      moving = [i for i in (0, 1) if tangents[i] is not None]   # None: not differentiated
+
+      def kernel(xs):
+        d = [None, None]
+        for i, v in zip(moving, xs[3:]):
+          d[i] = v
+        return _log_j_levels(*xs[:3], tuple(d))
+      extra = tuple(jnp.repeat(tangents[i], n_groups) for i in moving)
     shared = _in_row_blocks(kernel, -(-(n * n_groups) // blocks), *rows, *extra)
     shared = shared if isinstance(shared, tuple) else (shared,)
   else:
