@@ -61,7 +61,8 @@ size of jaxrdp's graph. How that graph is kept small:
 
 * **Gradients by the envelope theorem** at the optimal order. Inside a user's `jax.jit`
   (up to 64 phases) the search's own loop carries the derivative: its nested grids of 65 to
-  4097 nodes sum the integrand's derivative with its values, and one more step evaluates the
+  4097 nodes sum the integrand's derivative with its values (in σ, the integrand that Stein's
+  identity gives, a function of the nodes' values), and one more step evaluates the
   optimal order found, so a derivative's graph holds one copy of the kernel. Longer
   schedules take it at the optimal order on the nested grids once more
   (`rdp_tangent_at_order`; 2049 nodes at once for up to 1,024 pairs). The search for the
