@@ -127,12 +127,12 @@ def _host(leaves):
   hundred values, which the host runs about as fast as an accelerator, while XLA compiles it
   for the host several times faster (first calls 2-4x faster on an H200 machine:
   docs/performance.md, "GPU"); on a TPU, float64 runs there natively too. Arguments on the
-  accelerator are copied (small by definition); the results are
-  uncommitted arrays on the host, which JAX moves wherever they are used next, as it moves
-  the default device's own. Where a default device is chosen (``jax.default_device``: the
-  user's, or :func:`on_host`'s), that device if it is a CPU, else None (the call runs there).
-  None too where an argument is committed to a device that is not a CPU, or JAX has no CPU
-  backend (``JAX_PLATFORMS`` without it)."""
+  accelerator are copied (small by definition); the results are uncommitted arrays on the
+  host, which JAX moves wherever they are used next, as it moves the default device's own.
+  Where a default device is chosen (``jax.default_device``: the user's, or
+  :func:`on_host`'s), that device if it is a CPU, else None (the call runs there). None too
+  where an argument is committed to a device that is not a CPU, or JAX has no CPU backend
+  (``JAX_PLATFORMS`` without it)."""
   chosen = jax.config.jax_default_device
   if chosen is not None:   # the user's choice, or on_host's: a CPU device is used as the host
     chosen = jax.devices(chosen)[0] if isinstance(chosen, str) else chosen
