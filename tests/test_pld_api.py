@@ -223,6 +223,25 @@ def test_suffix_sums_of_logarithms_match_a_direct_sum(m):
       assert abs(out[k] - exact) <= 1e-13 * (abs(exact) + 1), (k, out[k], exact)
 
 
+def test_grid_sizes_come_three_per_octave_so_that_nearby_schedules_share_them():
+  # Each size is a multiple of its block, at least the need and at most a third above it
+  # (1, 2 or 3 blocks, then 2^a times 4, 5 or 6): few sizes, so few compiled programs.
+  from jaxrdp.accounting.pld import sizing
+  for multiple in (64, 512):
+    needs = np.unique(np.geomspace(1, 2e7, 4000).astype(int))
+    sizes = np.array([sizing._fast_size(n, multiple) for n in needs])
+    blocks = sizes // multiple
+    assert np.all(sizes % multiple == 0) and np.all(sizes >= needs)
+    least = -(-needs // multiple)
+    assert np.all((blocks == least) | (blocks < least * 4 / 3))
+    octave = 2 ** np.floor(np.log2(np.maximum(blocks, 4) / 4))
+    assert set(blocks[blocks >= 4] / octave[blocks >= 4]) == {4.0, 5.0, 6.0}
+  # 21 noise multipliers in [1, 1.2] (T = 10,000, q = 0.01, read at δ = 1e-5): 4 grids (16 with
+  # the next FFT-friendly length above each need).
+  grids = {jaxrdp.pld_grid(0.01, s, 10_000, delta=1e-5) for s in np.linspace(1.0, 1.2, 21)}
+  assert len(grids) <= 5, grids
+
+
 def test_grids_of_the_same_sizes_run_one_program_whatever_their_interval_and_tail_mass():
   # The interval and the tail mass are values of the program, not constants in it: queries at
   # several δ (whose grids aim at tail masses below each δ) or intervals on grids of the same
