@@ -163,12 +163,22 @@ def _implicit(unknown, grid):
     d_target, d_delta, d_fixed, d_t = tangents
     value = loops.of_primals(solve)(*primals)
     grads = loops.of_primals(jax.grad(epsilon, argnums=(0, 1, 2, 3)))(value, delta, fixed, t)
-    d_value, d_eps_delta, d_eps_fixed, d_eps_t = grads
-    moved = (d_target - d_eps_delta * d_delta - jnp.sum(d_eps_fixed * d_fixed)
-             - jnp.sum(d_eps_t * d_t))
-    at_end = (value <= ends[0]) | (value >= ends[1])
-    return value, jnp.where(at_end, 0.0, moved / jnp.where(at_end, 1.0, d_value))
+    return value, _implicit_tangent(value, grads, tangents, tuple(ends))
   return solve
+
+
+@functools.partial(jax.jit, static_argnums=(3,))
+def _implicit_tangent(value, grads, tangents, ends):
+  """dv of :func:`_implicit` from ε's partial derivatives ``grads`` = (dε/dv, ∂ε/∂δ, ∂ε/∂fixed,
+  ∂ε/∂t) at the answer ``value`` and the tangents of (target, δ, fixed, t); 0 at an end of
+  the searched range ``ends``. One program (under an eager ``jax.grad`` its dozen operations
+  were programs of their own, each compiled on first use)."""
+  d_value, d_eps_delta, d_eps_fixed, d_eps_t = grads
+  d_target, d_delta, d_fixed, d_t = tangents
+  moved = (d_target - d_eps_delta * d_delta - jnp.sum(d_eps_fixed * d_fixed)
+           - jnp.sum(d_eps_t * d_t))
+  at_end = (value <= ends[0]) | (value >= ends[1])
+  return jnp.where(at_end, 0.0, moved / jnp.where(at_end, 1.0, d_value))
 
 
 def _calibrated(unknown, target, delta, fixed, t, grid):
