@@ -12,6 +12,8 @@ plausible number (see the README section "Invalid input"). Elementwise functions
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import jax
 import jax.numpy as jnp
@@ -110,10 +112,27 @@ def _both(a, b):
 def all_in_domains(**arguments):
   """Every entry of every argument lies in the domain of its keyword's name (the jit-side
   counterpart of :func:`check_all`), for a result that depends on all of them, such as the ε
-  of a schedule: a NumPy bool where every value is known, a traced bool otherwise."""
-  valid = np.True_
+  of a schedule: a NumPy bool where every value is known, a traced bool otherwise (one
+  program for the traced ones: under an eager ``jax.vmap`` their operations were programs of
+  their own, each compiled on first use)."""
+  valid, traced = np.True_, {}
   for name, x in arguments.items():
-    valid = _both(valid, _all(domain_mask(name, x)))
+    v = _known_values(x)
+    if isinstance(v, jax.core.Tracer):
+      traced[name] = v
+    else:
+      valid = valid & np.all(domain_mask(name, v))
+  if not traced or not valid:
+    return valid
+  return _traced_in_domains(tuple(traced), *traced.values())
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _traced_in_domains(names, *values):
+  """Every entry of each of ``values`` lies in the domain of its name."""
+  valid = jnp.bool_(True)
+  for name, v in zip(names, values):
+    valid = valid & jnp.all(in_domain(name, v))
   return valid
 
 
@@ -134,6 +153,12 @@ def nan_where_invalid(valid, result):
   The NaN branch is a constant, so derivatives at valid arguments are those of ``result``."""
   if not isinstance(valid, jax.core.Tracer) and np.all(valid):
     return result
+  return _nan_where(valid, result)
+
+
+@jax.jit
+def _nan_where(valid, result):
+  """:func:`nan_where_invalid`'s selection, one program."""
   return jax.tree_util.tree_map(lambda r: jnp.where(valid, r, jnp.nan), result)
 
 
