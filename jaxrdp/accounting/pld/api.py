@@ -355,14 +355,16 @@ def _mixture_phases(standard_deviation, sensitivities, probabilities, steps):
   validation.check_all(standard_deviation=standard_deviation, sensitivities=sensitivities,
                        probabilities=probabilities, steps=steps)
   arguments = (standard_deviation, sensitivities, probabilities, steps)
-  # On the host where every argument is concrete (eager JAX ops would each compile a program).
-  xp = np if validation.is_concrete(arguments) else jnp
-  sigma, c, p, t = (validation.as_float_array(v) if xp is jnp else np.asarray(v)
+  # Each argument on the host where it is concrete (an eager JAX operation compiles a program
+  # of its own: under an eager jax.grad in s, c, p and T stay NumPy).
+  xp = lambda v: np if validation.is_concrete(v) else jnp
+  sigma, c, p, t = (np.asarray(v) if xp(v) is np else validation.as_float_array(v)
                     for v in arguments)
   if c.ndim not in (1, 2) or c.shape != p.shape:
     raise ValueError(f"sensitivities and probabilities must have one shape, (m,) or (phases, m); "
                      f"got {c.shape} and {p.shape}.")
-  c, p, sigma, t = xp.atleast_2d(c), xp.atleast_2d(p), xp.atleast_1d(sigma), xp.atleast_1d(t)
+  c, p = (xp(v).atleast_2d(v) for v in (c, p))
+  sigma, t = (xp(v).atleast_1d(v) for v in (sigma, t))
   if sigma.ndim > 1 or t.ndim > 1:
     raise ValueError(f"standard_deviation and steps must be scalars or 1-D (one per phase); got "
                      f"shapes {sigma.shape} and {t.shape}.")
@@ -375,9 +377,9 @@ def _mixture_phases(standard_deviation, sensitivities, probabilities, steps):
       and not jax.config.jax_enable_x64):
     raise TypeError("the mixture-of-Gaussians PLD computes in float64 only: enable 64-bit JAX "
                     "(jax.config.update('jax_enable_x64', True)).")
-  sigma, t = (xp.broadcast_to(xp.asarray(v, np.float64), (phases,)) for v in (sigma, t))
-  c, p = (xp.broadcast_to(xp.asarray(v, np.float64), (phases, c.shape[1])) for v in (c, p))
-  total = xp.sum(p, axis=-1, keepdims=True)
+  sigma, t = (xp(v).broadcast_to(xp(v).asarray(v, np.float64), (phases,)) for v in (sigma, t))
+  c, p = (xp(v).broadcast_to(xp(v).asarray(v, np.float64), (phases, c.shape[1])) for v in (c, p))
+  total = xp(p).sum(p, axis=-1, keepdims=True)
   if validation.is_concrete((c, p, t)):
     host_c, host_p, host_t, host_total = (np.asarray(v) for v in (c, p, t, total))
     if np.any(np.abs(host_total - 1.0) > 1e-9):
@@ -388,9 +390,10 @@ def _mixture_phases(standard_deviation, sensitivities, probabilities, steps):
                        "every phase (else the mechanism reveals nothing: nothing to account).")
     if np.any(host_t != np.floor(host_t)):
       raise ValueError("steps must be whole numbers for the PLD accountant.")
-  if xp is np:
+  if validation.is_concrete((c, p, t)):   # checked above
     return sigma, c, p / total, t, True
-  return sigma, c, p / total, t, jnp.all(jnp.abs(total - 1.0) <= 1e-9)
+  close = xp(total).abs(total - 1.0) <= 1e-9
+  return sigma, c, p / total, t, xp(close).all(close)
 
 
 def _mixture_valid(sigma, c, p, t, other, other_domain):
