@@ -238,18 +238,19 @@ def compiler_options(backend: str | None = None) -> dict:
 _PROBED = []   # whether compiler_options has probed this jaxlib's options
 
 
-def chained(first, first_args, second, second_args, **static):
-  """``second(first(*first_args, **static), *second_args, **static)``, two entry points of
-  :func:`jit`: one computation in two programs. Where an eager call compiles the first, the
-  second is traced, lowered and compiled (in the background, for the first's outputs' shapes)
-  before the first runs, so that the two compilations overlap each other and the second's
-  tracing: on two cores a PLD's first ε (the step PMFs, then their composition) takes ~0.2 s
-  less than as one program. Traced (a user's ``jax.jit``, ``jax.grad``, ``jax.vmap``), it is
-  the nested call, inlined into one program as any function."""
-  shapes = first.prepare(*first_args, **static)   # placed where the first's outputs will be
+def chained(first, first_args, second, second_args, first_kwargs=None, second_kwargs=None):
+  """``second(first(*first_args, **first_kwargs), *second_args, **second_kwargs)``, two entry
+  points of :func:`jit`: one computation in two programs. Where an eager call compiles the
+  first, the second is traced, lowered and compiled (in the background, for the first's
+  outputs' shapes) before the first runs, so that the two compilations overlap each other and
+  the second's tracing: on two cores a PLD's first ε (the step PMFs, then their composition)
+  takes ~0.2 s less than as one program. Traced (a user's ``jax.jit``, ``jax.grad``,
+  ``jax.vmap``), it is the nested call, inlined into one program as any function."""
+  first_kwargs, second_kwargs = first_kwargs or {}, second_kwargs or {}
+  shapes = first.prepare(*first_args, **first_kwargs)   # placed where its outputs will be
   if shapes is not None:
-    second.prepare(shapes, *second_args, **static)
-  return second(first(*first_args, **static), *second_args, **static)
+    second.prepare(shapes, *second_args, **second_kwargs)
+  return second(first(*first_args, **first_kwargs), *second_args, **second_kwargs)
 
 
 _GC_PAUSE = threading.Lock()   # guards the two below across threads compiling at once

@@ -48,7 +48,8 @@ def _log_mgf(pmf, start, grid):
   64 flushed subnormal products (64 × 2⁻¹⁰²² absolute) where the block holds any mass, and the
   exponent by the rounding of λ·l_top; the log-sum-exp of the blocks by their count times u
   (a sum of m non-negative terms, in any order, is within (m − 1)u of it: Higham 2002, §4.2;
-  the logarithm's own rounding, u·|K|, is the caller's 1e-10·|K|).
+  the logarithm's own rounding, u·|K|, is the caller's 1e-10·|K|), counting the blocks of
+  ``grid.points`` (blocks of zero padding hold no mass: their terms are exactly 0).
   No derivative flows (it places the window, bounds a negligible tail and picks the tilt).
   Leading axes of ``pmf`` and ``start`` are batch axes; the λ axis is appended."""
   pmf = lax.stop_gradient(pmf)
@@ -62,7 +63,7 @@ def _log_mgf(pmf, start, grid):
   exponent = lam * block_top[..., None]
   log_sums = jnp.where(held, jnp.log(jnp.where(held, sums, 1.0)), -jnp.inf)
   k = (jax.nn.logsumexp(log_sums + exponent + 4 * _U * jnp.abs(exponent), axis=-2)
-       + (blocks.shape[-2] + 16) * _U + 1e-12)
+       + (grid.points / _BLOCK + 16) * _U + 1e-12)   # the blocks that can hold mass
   return jnp.where(_usable(lam, interval), k, jnp.inf)
 
 
@@ -142,7 +143,7 @@ def _pmf_rounding(mech, start, c, lam, grid):
   q, sigma = mech[:2]
   sigma_safe = jnp.where(sigma > 0, sigma, 1.0)
   q_safe = jnp.where(q > 0, q, 1.0)
-  reach = (jnp.abs(start) + grid.pmf_bins) * grid.interval
+  reach = (jnp.abs(start) + grid.points) * grid.interval
   spread = jnp.where(q > 0, (_Z / sigma_safe + reach + jnp.abs(jnp.log(q_safe)) + 2.0)
                      / grid.interval, 0.0)
   if len(mech) == 4:   # a mixture: thresholds (x − c_i)/σ, x from Newton (64 ulps of its terms)
@@ -200,7 +201,7 @@ def _spectrum_sums(mech, t, lam, grid, steps=None):
   # flushed below the smallest normal.
   levels = math.ceil(math.log2(grid.bins))
   norm = jnp.sqrt(jnp.sum(lax.stop_gradient(folded) ** 2, axis=-1))
-  eta = 16 * _U * levels * math.sqrt(grid.bins) * norm + grid.pmf_bins * _SMALLEST_NORMAL
+  eta = 16 * _U * levels * math.sqrt(grid.bins) * norm + grid.points * _SMALLEST_NORMAL
   sums = _log_spectrum(jnp.fft.rfft(folded), t, eta)
   rho = _pmf_rounding(mech, start, c, lam[:, None], grid)
   return sums + (jnp.sum(_weighted(t, c), axis=-1), jnp.sum(_weighted(t, jnp.abs(c)), axis=-1),

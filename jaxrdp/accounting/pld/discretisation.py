@@ -67,13 +67,20 @@ class Lattice(NamedTuple):
     factors: (_BLOCK, λ) the factors e^{−λ(_BLOCK − 1 − j)Δ} of the moment-generating
       function's block sums at every Chernoff order λ of :data:`_LAMBDAS`
       (:func:`jaxrdp.accounting.pld.convolution._log_mgf`).
-    pmf_bins, bins: as in :class:`PldGrid`.
+    points: the grid's ``pmf_bins`` as a value: the points of a step's PMF that can hold mass,
+      which the composition's rounding bounds count. (A program that composes step PMFs
+      computed by another gets them zero-padded to ``bins`` where they are shorter, so that
+      it serves every ``pmf_bins`` up to ``bins``:
+      :func:`jaxrdp.accounting.pld.readout.pld_epsilon_unchecked`.)
+    pmf_bins, bins: as in :class:`PldGrid` (static: array shapes); ``pmf_bins`` is the length
+      of the step PMFs' arrays.
   """
   interval: Any
   log_tail_mass: Any
   decay: Any
   rise: Any
   factors: Any
+  points: Any
   pmf_bins: int
   bins: int
 
@@ -94,7 +101,8 @@ def lattice(grid: PldGrid) -> tuple[tuple, tuple[int, int]]:
   """(values, sizes) of ``grid``: the float64 values of :class:`Lattice`, computed here, on the
   host (``math``, and ``jax.numpy`` on concrete values for the factors), and its static sizes;
   ``Lattice(*values, *sizes)`` in the graph."""
-  return _interval_values(float(grid.interval), float(grid.tail_mass)), (grid.pmf_bins, grid.bins)
+  values = _interval_values(float(grid.interval), float(grid.tail_mass))
+  return values + (np.float64(grid.pmf_bins),), (grid.pmf_bins, grid.bins)
 
 
 # ---------------------------------------------------------------------------------------------
