@@ -506,7 +506,9 @@ def _concrete_epsilons(q, sigma, t, delta, orders, split, tables):
   """ε (NaN as +inf) at each of the concrete ``orders`` for the schedule: one compiled program
   without the per-order quadrature (:func:`_grid_evaluation`); what it leaves open (rare) is
   filled on the host (:func:`jaxrdp.mechanisms.sampled_gaussian.fill_pending`: compiled only then) and
-  converted again."""
+  converted again. δ is made a strongly typed scalar of the phases' dtype (a Python float,
+  weakly typed, would key a program of its own)."""
+  delta = np.asarray(delta, q.dtype)
   rdp, pending, eps = composition.by_order_parts(_grid_evaluation, (q, sigma, t, delta),
                                                  orders, split, tables)
   if pending.any():
