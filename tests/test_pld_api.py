@@ -159,7 +159,7 @@ def test_many_phases_are_composed_in_chunks_with_the_same_value_and_gradient(mon
   values, sizes = discretisation.lattice(grid)
   # The two programs' kernels themselves, traced afresh below.
   steps_of, epsilon_of = readout._poisson_steps.__wrapped__, readout._epsilon_of_steps.__wrapped__
-  epsilon = lambda s: epsilon_of(steps_of(q, s, None, values, sizes=sizes), steps,
+  epsilon = lambda s: epsilon_of(steps_of(q, s, None, values, pmf_bins=sizes[0]), steps,
                                  jnp.float64(DELTA), values, sizes=sizes)
   run = lambda: jax.jit(jax.value_and_grad(epsilon))(sigma)   # a new trace, no cached one
   assert convolution._sub_chunk(grid) >= 5 and convolution._phase_chunk(grid) >= 5
@@ -175,21 +175,26 @@ def test_many_phases_are_composed_in_chunks_with_the_same_value_and_gradient(mon
   np.testing.assert_allclose(chunked_grad, whole_grad, rtol=1e-10)
 
 
-def test_step_pmfs_of_different_lengths_share_one_composition_program():
-  # The step PMFs reach the composition zero-padded to a length set by the circle (bins / 4^k):
-  # grids that differ in pmf_bins below it run one composition program (the larger of the
-  # two), and the padding changes nothing computed: the same bits as the PMFs as computed.
+def test_grids_differing_in_one_size_share_the_program_that_does_not_depend_on_it():
+  # A query's two programs each depend on their own sizes: the step PMFs on pmf_bins alone,
+  # the composition on bins and the length the PMFs are zero-padded to (bins / 4^k). So
+  # grids that differ in pmf_bins below that length share the composition program (the
+  # larger), grids that differ in bins share the step PMFs' program, and the padding changes
+  # nothing computed: the same bits as composing the PMFs as computed.
   from jaxrdp.accounting.pld import discretisation, readout
-  grids = [jaxrdp.PldGrid(1e-4, pmf_bins, 98_304, 1e-15) for pmf_bins in (40_960, 65_536)]
-  assert {readout._padded_length(g.pmf_bins, g.bins) for g in grids} == {98_304}
-  before = len(readout._epsilon_of_steps.executables)
+  grids = [jaxrdp.PldGrid(1e-4, pmf_bins, bins, 1e-15)
+           for pmf_bins, bins in ((40_960, 98_304), (65_536, 98_304), (65_536, 131_072))]
+  assert [readout._padded_length(g.pmf_bins, g.bins) for g in grids] == [98_304] * 2 + [131_072]
+  programs = (readout._poisson_steps, readout._epsilon_of_steps)
+  before = [len(p.executables) for p in programs]
   values = [float(jaxrdp.pld_epsilon(0.01, 1.1, 1000, DELTA, pld_grid=g)) for g in grids]
-  assert len(readout._epsilon_of_steps.executables) - before <= 1   # 0 with JAXRDP_PLAIN_JIT=1
+  # 2 of each (at most: 0 with JAXRDP_PLAIN_JIT=1, or compiled by an earlier test), not 3.
+  assert all(len(p.executables) - b <= 2 for p, b in zip(programs, before))
   q, s, t = (np.array([v], np.float64) for v in (0.01, 1.1, 1000.0))
   for g, value in zip(grids, values):
     lattice_values, sizes = discretisation.lattice(g)
     unpadded = jax.jit(lambda s_: readout._epsilon_of_steps.__wrapped__(
-        readout._poisson_steps.__wrapped__(q, s_, None, lattice_values, sizes=sizes), t,
+        readout._poisson_steps.__wrapped__(q, s_, None, lattice_values, pmf_bins=sizes[0]), t,
         np.float64(DELTA), lattice_values, sizes=sizes))(s)
     assert float(unpadded) == value
   assert values[0] > values[1]   # the shorter PMF leaves more of each step's tail in p_inf
@@ -273,7 +278,7 @@ def test_grids_of_the_same_sizes_run_one_program_whatever_their_interval_and_tai
   q, s, t = (np.array([v], np.float64) for v in (0.05, 2.0, 300.0))
   sizes = discretisation.lattice(grid)[1]
   for second in (readout._epsilon_of_steps, readout._delta_of_steps):
-    program = lambda v: second(readout._poisson_steps(q, s, None, v, sizes=sizes), t,
+    program = lambda v: second(readout._poisson_steps(q, s, None, v, pmf_bins=sizes[0]), t,
                                np.float64(1e-6), v, sizes=sizes)
     jaxprs = [str(jax.make_jaxpr(program)(discretisation.lattice(g)[0])) for g in (grid, other)]
     assert jaxprs[0] == jaxprs[1]

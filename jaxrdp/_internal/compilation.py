@@ -238,19 +238,28 @@ def compiler_options(backend: str | None = None) -> dict:
 _PROBED = []   # whether compiler_options has probed this jaxlib's options
 
 
-def chained(first, first_args, second, second_args, first_kwargs=None, second_kwargs=None):
-  """``second(first(*first_args, **first_kwargs), *second_args, **second_kwargs)``, two entry
-  points of :func:`jit`: one computation in two programs. Where an eager call compiles the
-  first, the second is traced, lowered and compiled (in the background, for the first's
-  outputs' shapes) before the first runs, so that the two compilations overlap each other and
-  the second's tracing: on two cores a PLD's first ε (the step PMFs, then their composition)
-  takes ~0.2 s less than as one program. Traced (a user's ``jax.jit``, ``jax.grad``,
-  ``jax.vmap``), it is the nested call, inlined into one program as any function."""
+def chained(first, first_args, second, second_args, first_kwargs=None, second_kwargs=None,
+            between=None):
+  """``second(between(first(*first_args, **first_kwargs)), *second_args, **second_kwargs)``,
+  two entry points of :func:`jit` (``between``, if given, a light function of the first's
+  outputs, run eagerly op by op: what lets the second's shapes depend on less than the
+  first's): one computation in two programs. Where an eager call compiles the first, the
+  second is traced, lowered and compiled (in the background, for the shapes ``between``
+  gives the first's outputs) before the first runs, so that the two compilations overlap
+  each other and the second's tracing: on two cores a PLD's first ε (the step PMFs, then
+  their composition) takes ~0.2 s less than as one program. Traced (a user's ``jax.jit``,
+  ``jax.grad``, ``jax.vmap``), it is the nested call, inlined into one program as any
+  function."""
   first_kwargs, second_kwargs = first_kwargs or {}, second_kwargs or {}
+  between = between or (lambda outputs: outputs)
   shapes = first.prepare(*first_args, **first_kwargs)   # placed where its outputs will be
   if shapes is not None:
+    placed = jax.tree.leaves(shapes)[0].sharding
+    shapes = jax.tree.map(
+        lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=placed, weak_type=v.weak_type),
+        jax.eval_shape(between, shapes))
     second.prepare(shapes, *second_args, **second_kwargs)
-  return second(first(*first_args, **first_kwargs), *second_args, **second_kwargs)
+  return second(between(first(*first_args, **first_kwargs)), *second_args, **second_kwargs)
 
 
 _GC_PAUSE = threading.Lock()   # guards the two below across threads compiling at once

@@ -347,13 +347,6 @@ def _tilt_order(k_total, lam, width, t_total, grid, delta=None, epsilon=None):
   return lax.stop_gradient(jnp.stack([first, lam_w])), jnp.any(~(same | cheap))
 
 
-def phase_steps(mech, grid):
-  """:func:`_step` of the phases where they fit in one sub-chunk (:func:`_sub_chunk`: what
-  :func:`_composed` computes once, before its passes), else None (computed there, in
-  sub-chunks): the part of the computation that depends on the mechanism's kind alone."""
-  return _step(mech, grid) if mech[1].shape[0] <= _sub_chunk(grid) else None
-
-
 def _composed(mech, t, grid, *, delta=None, epsilon=None, steps=None):
   """Both directions' composed PLDs on their windows, certified against rounding.
 
@@ -372,8 +365,11 @@ def _composed(mech, t, grid, *, delta=None, epsilon=None, steps=None):
   wrong place), which δ(ε) does not owe as long as the window starts at or below ε: with
   ``epsilon`` the window is moved down to start there where it would not; ε(δ) read inside
   the window lies above its start, and is its start otherwise (a bound,
-  :func:`jaxrdp.accounting.pld.readout._epsilon_of`). ``steps``: :func:`phase_steps` of
-  ``mech``, where already computed."""
+  :func:`jaxrdp.accounting.pld.readout._epsilon_of`). ``steps``: :func:`_step` of ``mech``,
+  where already computed (the phases in one sub-chunk, :func:`_sub_chunk`: what this
+  computes once, before its passes, else in each sub-chunk); its PMFs may be zero-padded to
+  any length up to ``bins`` (a multiple of _BLOCK): ``grid.points`` counts the step's own
+  points."""
   interval, bins = grid.interval, grid.bins
   lam = jnp.asarray(_LAMBDAS, t.dtype)
   phases = t.shape[0]

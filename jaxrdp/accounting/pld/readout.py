@@ -9,6 +9,7 @@ take the larger of the two directions' values.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -18,7 +19,7 @@ import numpy as np
 
 from jaxrdp._internal import compilation
 from jaxrdp._internal import numerics
-from jaxrdp.accounting.pld.convolution import _composed, _sub_chunk, phase_steps
+from jaxrdp.accounting.pld.convolution import _composed, _step, _sub_chunk
 from jaxrdp.accounting.pld.discretisation import Lattice, _BLOCK, _READ_BLOCK, _U, lattice
 from jaxrdp.accounting.pld.truncation import truncation_weights
 
@@ -205,20 +206,24 @@ def _query(steps_program, steps_args, read_program, read_args, grid):
   programs (:func:`jaxrdp._internal.compilation.chained`): the phases' step PMFs, then their
   composition and read-out. The grid's interval and tail mass are values of both programs
   (:func:`lattice`: queries at several δ, whose grids aim at tail masses below each δ, or
-  intervals compile once), its sizes static. Where the phases' step PMFs are computed once,
-  in the first program (:func:`phase_steps`), it returns them zero-padded to the length of
-  :func:`_padded_length`: the second program, ~3/4 of a first call's compilation, serves
-  every ``pmf_bins`` between two such lengths (over the test suite's queries, 30 programs
-  for 48 pairs of sizes; nearby schedules share one more often). Padding changes nothing
-  computed: a zero mass tilts to zero, which the fold and the sums add exactly, and the
-  rounding bounds count the grid's ``pmf_bins`` (:class:`Lattice`'s ``points``)."""
+  intervals compile once), its sizes static, each program's own: the first's the step's
+  points (``pmf_bins``), the second's the circle (``bins``) and the length the step PMFs are
+  zero-padded to between the two (:func:`_padded_length`, where the first computes them:
+  where the phases fit in one sub-chunk, :func:`jaxrdp.accounting.pld.convolution._sub_chunk`,
+  else the second computes them in each of its sub-chunks). The second, ~3/4 of a first call's compilation, then serves every
+  ``pmf_bins`` between two such lengths, and the first every ``bins`` (41 values of σ in
+  [0.8, 1.6] at q = 0.01, T = 10,000, δ = 1e-5: 13 grids, 8 programs of each kind; over the
+  test suite's queries, 48 pairs of sizes, 30 and 23). Padding changes nothing computed: a
+  zero mass tilts to zero, which the fold and the sums add exactly, and the rounding bounds
+  count the grid's ``pmf_bins`` (:class:`Lattice`'s ``points``)."""
   values, sizes = lattice(grid)
   pmf_bins, bins = sizes
-  phases = steps_args[0].shape[0]
-  length = _padded_length(pmf_bins, bins) if phases <= _sub_chunk(grid) else pmf_bins
+  kept = steps_args[0].shape[0] <= _sub_chunk(grid)   # step PMFs computed once, in the first
+  length = _padded_length(pmf_bins, bins) if kept else pmf_bins
   return compilation.chained(steps_program, steps_args + (values,), read_program,
-                             read_args + (values,), {"sizes": sizes, "length": length},
-                             {"sizes": (length, bins)})
+                             read_args + (values,), {"pmf_bins": pmf_bins, "kept": kept},
+                             {"sizes": (length, bins)},
+                             between=functools.partial(_padded, length=length))
 
 
 def _padded_length(pmf_bins, bins):
@@ -244,34 +249,42 @@ def _lattice_of(values, sizes):
   return Lattice(*lax.optimization_barrier(values), *sizes)
 
 
-def _padded(steps, length):
-  """The step PMFs (start, pmf, above) of :func:`phase_steps` (None: none computed) with the
-  PMFs zero-padded to ``length`` points (None: as they are)."""
-  if steps is None or length is None:
-    return steps
+def _padded(mech_and_steps, length):
+  """(mechanism, step PMFs) with the PMFs (start, pmf, above), where computed, zero-padded to
+  ``length`` points."""
+  mech, steps = mech_and_steps
+  if steps is None or steps[1].shape[-1] == length:
+    return mech_and_steps
   start, pmf, above = steps
-  return start, jnp.pad(pmf, [(0, 0)] * (pmf.ndim - 1) + [(0, length - pmf.shape[-1])]), above
+  return mech, (start, jnp.pad(pmf, [(0, 0)] * (pmf.ndim - 1) + [(0, length - pmf.shape[-1])]),
+                above)
 
 
-# Each query is two programs (:func:`jaxrdp._internal.compilation.chained`): the phases'
-# mechanism and step PMFs (:func:`phase_steps`), which depend on the sampling scheme, then their
-# composition and its read-out, which do not (the mechanism's kind is its tuple's length).
+# Each query is two programs (:func:`_query`): the phases' mechanism and step PMFs, which
+# depend on the sampling scheme, then their composition and its read-out, which do not (the
+# mechanism's kind is its tuple's length).
 
 
-@compilation.jit(static_argnames=("sizes", "length"), work=_light)
-def _poisson_steps(q, sigma, truncation, values, *, sizes, length=None):
-  """(mechanism, step PMFs (PMFs padded to ``length``, :func:`_padded`)) of Poisson or
-  truncated Poisson phases."""
+@compilation.jit(static_argnames=("pmf_bins", "kept"), work=_light)
+def _poisson_steps(q, sigma, truncation, values, *, pmf_bins, kept=True):
+  """(mechanism, step PMFs on ``pmf_bins`` points (None unless ``kept``: :func:`_query`)) of
+  Poisson or truncated Poisson phases."""
   mech = (q, sigma) if truncation is None else (q, sigma) + truncation_weights(q, *truncation)
-  return mech, _padded(phase_steps(mech, _lattice_of(values, sizes)), length)
+  return mech, (_step(mech, _step_lattice(values, pmf_bins)) if kept else None)
 
 
-@compilation.jit(static_argnames=("sizes", "length"), work=_light)
-def _mixture_steps(sigma, c, p, values, *, sizes, length=None):
+@compilation.jit(static_argnames=("pmf_bins", "kept"), work=_light)
+def _mixture_steps(sigma, c, p, values, *, pmf_bins, kept=True):
   """(mechanism, step PMFs (as :func:`_poisson_steps`)) of mixture-of-Gaussians phases; no
   Poisson rate (q = 0): the directions differ, and the larger is taken."""
   mech = (jnp.zeros_like(sigma), sigma, c, p)
-  return mech, _padded(phase_steps(mech, _lattice_of(values, sizes)), length)
+  return mech, (_step(mech, _step_lattice(values, pmf_bins)) if kept else None)
+
+
+def _step_lattice(values, pmf_bins):
+  """The :class:`Lattice` of the step PMFs' program: no circle (the step PMFs do not depend
+  on it)."""
+  return _lattice_of(values, (pmf_bins, None))
 
 
 @compilation.jit(static_argnames=("sizes",), work=_light)
