@@ -179,6 +179,14 @@ def test_a_chained_computation_compiles_its_second_program_once_for_the_first_on
   np.testing.assert_array_equal(np.asarray(again), np.asarray(value))
   jitted = jax.jit(lambda v: compilation.chained(first, (v, w), second, (y,)))(x)
   np.testing.assert_array_equal(np.asarray(jitted), np.asarray(value))
+  # With a light step between the two (run eagerly, op by op), the second is compiled for the
+  # shapes that step gives the first's outputs: once, and that executable is the one used.
+  pad = lambda outputs: ((jnp.pad(outputs[0][0], (0, 2)), outputs[0][1]),
+                         jnp.pad(outputs[1], (0, 2)))
+  count = len(traced)
+  widened = compilation.chained(first, (x, w), second, (y,), between=pad)
+  np.testing.assert_array_equal(np.asarray(widened), [0.25, 4.25, 8.25, 0.25, 0.25])
+  assert len(second.executables) == 2 and traced[count:] == ["second"]
 
 
 def test_a_mixed_grid_is_two_programs_whose_columns_land_where_their_orders_are():
