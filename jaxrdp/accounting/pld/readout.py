@@ -256,8 +256,8 @@ def _padded(mech_and_steps, length):
   if steps is None or steps[1].shape[-1] == length:
     return mech_and_steps
   start, pmf, above = steps
-  return mech, (start, jnp.pad(pmf, [(0, 0)] * (pmf.ndim - 1) + [(0, length - pmf.shape[-1])]),
-                above)
+  widths = [(0, 0, 0)] * (pmf.ndim - 1) + [(0, length - pmf.shape[-1], 0)]
+  return mech, (start, lax.pad(pmf, np.zeros((), pmf.dtype), widths), above)   # one primitive
 
 
 # Each query is two programs (:func:`_query`): the phases' mechanism and step PMFs, which
