@@ -208,14 +208,15 @@ def _query(steps_program, steps_args, read_program, read_args, grid):
   (:func:`lattice`: queries at several δ, whose grids aim at tail masses below each δ, or
   intervals compile once), its sizes static, each program's own: the first's the step's
   points (``pmf_bins``), the second's the circle (``bins``) and the length the step PMFs are
-  zero-padded to between the two (:func:`_padded_length`, where the first computes them:
-  where the phases fit in one sub-chunk, :func:`jaxrdp.accounting.pld.convolution._sub_chunk`,
-  else the second computes them in each of its sub-chunks). The second, ~3/4 of a first call's compilation, then serves every
-  ``pmf_bins`` between two such lengths, and the first every ``bins`` (41 values of σ in
-  [0.8, 1.6] at q = 0.01, T = 10,000, δ = 1e-5: 13 grids, 8 programs of each kind; over the
-  test suite's queries, 48 pairs of sizes, 30 and 23). Padding changes nothing computed: a
-  zero mass tilts to zero, which the fold and the sums add exactly, and the rounding bounds
-  count the grid's ``pmf_bins`` (:class:`Lattice`'s ``points``)."""
+  zero-padded to between the two (:func:`_padded_length`), where the first computes them
+  (the phases in one sub-chunk, :func:`jaxrdp.accounting.pld.convolution._sub_chunk`; else
+  the second computes them in each of its sub-chunks). The second, ~3/4 of a first call's
+  compilation, then serves every ``pmf_bins`` between two such lengths, and the first every
+  ``bins`` (41 values of σ in [0.8, 1.6] at q = 0.01, T = 10,000, δ = 1e-5: 13 grids, 8
+  programs of each kind; over the test suite's queries, 48 pairs of sizes, 30 and 23).
+  Padding changes nothing computed: a zero mass tilts to zero, which the fold and the sums
+  add exactly, and the rounding bounds count the grid's ``pmf_bins`` (:class:`Lattice`'s
+  ``points``)."""
   values, sizes = lattice(grid)
   pmf_bins, bins = sizes
   kept = steps_args[0].shape[0] <= _sub_chunk(grid)   # step PMFs computed once, in the first
