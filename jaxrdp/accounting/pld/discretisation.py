@@ -68,10 +68,9 @@ class Lattice(NamedTuple):
       function's block sums at every Chernoff order λ of :data:`_LAMBDAS`
       (:func:`jaxrdp.accounting.pld.convolution._log_mgf`).
     points: the grid's ``pmf_bins`` as a value: the points of a step's PMF that can hold mass,
-      which the composition's rounding bounds count. (A program that composes step PMFs
-      computed by another gets them zero-padded to ``bins`` where they are shorter, so that
-      it serves every ``pmf_bins`` up to ``bins``:
-      :func:`jaxrdp.accounting.pld.readout.pld_epsilon_unchecked`.)
+      which the composition's rounding bounds count. (The composition program gets step PMFs
+      computed by the other program zero-padded to ``bins``/4^k points, so that it serves
+      every ``pmf_bins`` up to that length: :func:`jaxrdp.accounting.pld.readout._query`.)
     pmf_bins, bins: as in :class:`PldGrid` (static: array shapes); ``pmf_bins`` is the length
       of the step PMFs' arrays.
   """
