@@ -7,7 +7,10 @@ kind), ``JAX_PLATFORMS=cpu`` unless ``--platform`` says otherwise, float64. The 
 compile + one run, after the imports and the platform's start, which is timed apart: a CUDA
 context takes about a second whatever the program) with its trace, lowering and compile
 times (``jax.monitoring``), and the warm call, medians over ``--repeats``
-processes. The long schedule (10,000 steps, a different σ each) is also composed by
+processes; after them, the kernels XLA compiled for the program (``benchmarks/_kernels.py``:
+a count that does not depend on the machine's load, unlike the times) and the time the same
+process took to compile a fixed reference program of plain ``jax.numpy`` (the machine's speed
+at the time: first calls measured at different times compare through it). The long schedule (10,000 steps, a different σ each) is also composed by
 dp_accounting in the same process (``RdpAccountant``, the same events, ``get_epsilon``), and
 the ratio of the two warm times is printed; dp_accounting takes 5 to 10 minutes there on 2 CPU
 cores, so it runs in the first ``--anchor-repeats`` processes only (default 1).
@@ -113,6 +116,20 @@ for _ in range(5):
 out = {"first": t1 - t0, "warm": sorted(warm)[2], "device_kind": jax.devices()[0].device_kind,
        "backend_init": backend_init, **split,
        "value": [float(v) for v in jnp.ravel(jnp.asarray(jax.tree_util.tree_leaves(value)[0]))[:2]]}
+# After the timed calls: the kernels XLA compiled for the program (a count that does not depend
+# on the machine's load), and how long this process took to compile a fixed reference program
+# of plain jax.numpy (the machine's speed, to compare runs made at different times).
+import _kernels
+out["kernels"] = sum(_kernels.fusions(f.lower(*args).compile().as_text()).values())
+def reference(x):
+  for k in range(24):
+    x = x + jnp.log(jnp.sum(jnp.exp(jnp.sin(x * (k + 1))), axis=-1, keepdims=True))
+  return x
+lowered = jax.jit(reference).lower(jnp.ones((4, 64)))
+s = time.perf_counter()
+compiled = lowered.compile()
+out["reference_compile"] = time.perf_counter() - s
+out["reference_kernels"] = sum(_kernels.fusions(compiled.as_text()).values())
 if %(anchor)r:
   import dp_accounting
   sig = np.asarray(args[0])
@@ -156,7 +173,8 @@ def _clean_env(tmp: str, platform: str) -> dict:
          if not k.startswith("JAX_COMPILATION_CACHE") and k != "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"}
   env.update(HOME=tmp, XDG_CACHE_HOME=tmp, JAXRDP_CACHE_DIR="", JAX_PLATFORMS=platform)
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env["PYTHONPATH"] = repo + os.pathsep + env.get("PYTHONPATH", "")
+  env["PYTHONPATH"] = os.pathsep.join([repo, os.path.join(repo, "benchmarks"),
+                                       env.get("PYTHONPATH", "")])
   return env
 
 
@@ -197,11 +215,13 @@ def main() -> None:
     device_kind = runs[0]["device_kind"]
     warm = statistics.median(r["warm"] for r in runs)
     split = {k: statistics.median(r[k] for r in runs)
-             for k in ("backend_init", "trace", "lower", "compile")}
+             for k in ("backend_init", "trace", "lower", "compile", "reference_compile")}
     line = (f"{name}: first call {first:.2f} s (trace {split['trace']:.2f}, lower "
             f"{split['lower']:.2f}, compile {split['compile']:.2f}; platform start "
             f"{split['backend_init']:.2f} s before it), warm {1e3 * warm:.2f} ms, "
-            f"value {runs[0]['value']}")
+            f"{runs[0]['kernels']} kernels, value {runs[0]['value']}; the reference program "
+            f"({runs[0]['reference_kernels']} kernels) compiled in "
+            f"{split['reference_compile']:.2f} s")
     if anchor:
       anchored = [r for r in runs if "anchor" in r]
       ratio = statistics.median(r["anchor"] / r["warm"] for r in anchored)
@@ -214,7 +234,9 @@ def main() -> None:
     goal_first, goal_warm = GOALS[name]
     cases[name] = {"what": LABELS[name], "first_s": first, "warm_s": warm,
                    "value": runs[0]["value"], "goal_first_s": goal_first, "goal_warm_s": goal_warm,
-                   "processes": len(runs), **{f"{k}_s": v for k, v in split.items()}}
+                   "processes": len(runs), "kernels": runs[0]["kernels"],
+                   "reference_kernels": runs[0]["reference_kernels"],
+                   **{f"{k}_s": v for k, v in split.items()}}
     if anchor:
       cases[name].update(anchor="dp_accounting RdpAccountant", anchor_processes=len(anchored),
                          anchor_s=statistics.median(r["anchor"] for r in anchored),

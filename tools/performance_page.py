@@ -243,10 +243,24 @@ def user_jit(r: dict) -> str:
     text[0] += (f" The compile column is XLA's share of the first call; the platform's start "
                 f"(before it, any JAX program pays it) took {_t(min(starts))} to "
                 f"{_t(max(starts))}.")
+  kernels = all("kernels" in c for c in cases.values())
+  if kernels:   # bench_user_jit counts the program's kernels and times a reference program
+    reference = [c["reference_compile_s"] for c in cases.values()]
+    text[0] += (f" The kernels column counts what XLA compiled for the program "
+                f"(`benchmarks/_kernels.py`; `tools/kernel_census.py` lists them by source "
+                f"line): a first call's compilation is roughly their number times a fixed cost "
+                f"per kernel, and the count does not change with the machine's load, which the "
+                f"times do (by 1.3x to 1.6x on this machine between quiet and busy hours). As a "
+                f"measure of the machine's speed during the run, the same processes compiled a "
+                f"fixed program of plain `jax.numpy` "
+                f"({_of(next(iter(cases.values()))['reference_kernels'], 'kernel')}) in "
+                f"{_t(min(reference))} to {_t(max(reference))}.")
   head = ["what you write", "first call"] + (["goal"] if cpu else []) + (
-      ["of it compiling"] if split else []) + ["warm"] + (["goal"] if cpu else [])
+      ["of it compiling"] if split else []) + (["kernels"] if kernels else []) + ["warm"] + (
+      ["goal"] if cpu else [])
   rows = [[c["what"], _t(c["first_s"])] + ([_goal(c["first_s"], c["goal_first_s"])] if cpu
                                             else []) + ([_t(c["compile_s"])] if split else [])
+          + ([str(c["kernels"])] if kernels else [])
           + [_t(c["warm_s"])] + ([_goal(c["warm_s"], c["goal_warm_s"])] if cpu else [])
           for c in cases.values()]   # off the CPU, no goals: they are this 2-core CPU's
   text.append(_table(head, rows))
