@@ -81,6 +81,11 @@ size of jaxrdp's graph. How that graph is kept small:
   whose lower bound can still be the minimum; with it (the default), in two windows of 8
   orders, the first centred on the optimum of a stand-in schedule (one pair per bin), the
   second on that of a model of log R through the first's orders: 16 orders per phase in all.
+* **Measured in kernels**: XLA on a CPU compiles every distinct fusion of a program as a
+  kernel of its own, at a cost that hardly depends on the kernel's size (with XLA's default
+  options about 30 ms of compile work per kernel on this machine, over two threads), so a
+  first call is about its kernel count times that. The count does not vary with the machine's
+  load; `tools/kernel_census.py` lists the kernels of the programs below by source line.
 """
 
 PLAIN_JIT = """\
