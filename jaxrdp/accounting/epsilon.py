@@ -436,12 +436,13 @@ _log_j_levels`), and one more step evaluates the optimal order found (a derivati
                         row_eps)
     new = order_search.search_update(state, jnp.concatenate([at_grid(new_eps), eps]),
                                      jnp.zeros(k + width, bool), grid, refine_steps, jnp,
-                                     brackets, n_rows)
+                                     brackets, n_rows, active=searching if directions else True)
     if not directions:
       return new, new_eps
-    keep = lambda a, b: jax.tree_util.tree_map(lambda u, v: jnp.where(searching, u, v), a, b)
-    return (keep(new, state), keep(new_eps, row_eps), keep(last[0], rdp[:, 0]),
-            keep(last[1], d_rdp[:, :, 0]), last[2] | ~searching)
+    # The extra step comes after the search's end (filling is over: new_eps is row_eps) and
+    # leaves its result as it was (``active``); it is the loop's last, so the values it
+    # evaluates are those the loop ends with.
+    return new, new_eps, rdp[:, 0], d_rdp[:, :, 0], last[2] | ~searching
   carry = (state, jnp.zeros((n_rows, width), grid.dtype))
   if directions:   # T·RDP and its derivatives at the optimal order, and whether they are in
     carry += (jnp.zeros(q.shape, q.dtype), jnp.zeros((len(directions),) + q.shape, q.dtype),

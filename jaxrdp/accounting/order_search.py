@@ -260,7 +260,8 @@ def search_orders(state, orders, n, xp):
   return xp.where(state.step == 0, orders, slotted)
 
 
-def search_update(state, eps, pending, grid, refine_steps, xp, brackets, grid_steps=1):
+def search_update(state, eps, pending, grid, refine_steps, xp, brackets, grid_steps=1,
+                  active=True):
   """The search's state after a step with ε ``eps`` and open flags ``pending`` at the grid's
   orders followed by the refinement's (as :func:`search_orders` lays them out). Step
   ``grid_steps - 1`` takes the best grid order and brackets the refinement between its grid
@@ -268,7 +269,10 @@ def search_update(state, eps, pending, grid, refine_steps, xp, brackets, grid_st
   step keeps the best of the refinement's orders and narrows the bracket
   (the same rules as the branch-and-bound search above). ``state``: a :class:`SearchState`.
   ``xp``: jax.numpy in a graph, numpy on the host. ``brackets``: :func:`grid_brackets` of
-  ``grid`` (computed once per search)."""
+  ``grid`` (computed once per search). ``active`` (a traced bool, or True): where false, the
+  step leaves the result (best ε, its order, the open flag) as it was and ends the search, in
+  the same kernels as the update (a step after the search's end, :func:`_grid_search`'s
+  evaluation of the optimal order with its derivatives)."""
   step, values, is_open, _ = state
   best, best_alpha = state.best, state.order
   lo, hi = state.bracket
@@ -286,11 +290,15 @@ def search_update(state, eps, pending, grid, refine_steps, xp, brackets, grid_st
   values = xp.where(first, xp.stack([eps[i], grid[i], *start]),
                     xp.stack([xp.where(better, eps_new[j], best),
                               xp.where(better, inside[j], best_alpha), *new]))
+  opened = xp.where(first, xp.any(pending[:k]), xp.any(pending[k:]))
+  if active is not True:
+    values = xp.where(active, values, state.values)
+    opened = opened & active
   best, best_alpha = values[0], values[1]
-  is_open = is_open | xp.where(first, xp.any(pending[:k]), xp.any(pending[k:]))
+  is_open = is_open | opened
   refinable = xp.isfinite(best) & xp.isfinite(best_alpha) & (best_alpha > 1) & xp.any(usable)
   go = filling | ((step - (grid_steps - 1) < refine_steps) & refinable)
-  return SearchState(step + 1, values, is_open, go)
+  return SearchState(step + 1, values, is_open, go & active)
 
 
 def search_start(dtype):

@@ -79,7 +79,7 @@ def _terms(q, sigma, alpha, log_j=None, inv_2s2=None):
   t_nonzero = t != 0
   t_safe = _where(t_nonzero, t, 1.0)
   one_minus_e = -jnp.expm1(-t)
-  rate = _where(t_nonzero, -jnp.expm1(-t_safe) / t_safe, 1.0)   # (1 - e^-t)/t, 1 at t = 0
+  rate = _where(t_nonzero, one_minus_e / t_safe, 1.0)   # (1 - e^-t)/t, 1 at t = 0
   dq = q - lax.stop_gradient(q)
   log_a_q1 = a_fin * (a_fin - 1) * inv_2s2 + dq * (a_fin * one_minus_e)
   rdp_q1 = a_fin * inv_2s2 + dq * (2 * a_fin * inv_fin * rate)
