@@ -296,11 +296,13 @@ def _log_j_levels(q, sigma, orders, tangents=None):
       parts.append(select([_where(c, 0.0, d_partial), _where(c, d_new_total, d_total),
                            _where(newly, d_new, d_log_j)]))
     parts.append((~done)[:, None].astype(dtype))
-    # The row's new state placed by padding with zeros and adding (exact), as ``packed`` is:
-    # fused into the write below, where a concatenation is a kernel of its own.
-    starts = np.cumsum([0] + [p.shape[1] for p in parts])
-    out = sum(jnp.pad(p, ((0, 0), (int(a), int(starts[-1] - a) - p.shape[1])))
-              for p, a in zip(parts, starts))
+    if compact:   # written back by a scatter, which takes the concatenation in its kernel
+      out = jnp.concatenate(parts, axis=-1)
+    else:   # placed by padding with zeros and adding (exact), as ``packed`` is: fused into
+      # the write below, where a concatenation is a kernel of its own
+      starts = np.cumsum([0] + [p.shape[1] for p in parts])
+      out = sum(jnp.pad(p, ((0, 0), (int(a), int(starts[-1] - a) - p.shape[1])))
+                for p, a in zip(parts, starts))
     # The rows left pending, counted down here (read from the output, so that the test is not
     # compiled twice): the loop's condition is then one comparison, not a reduction over all
     # rows (kernels of their own).
