@@ -340,3 +340,37 @@ def test_what_a_derivative_rule_computes_from_its_primals_is_not_partially_evalu
   for second in (jax.hessian, lambda f: jax.jacfwd(jax.grad(f)), lambda f: jax.grad(jax.grad(f))):
     assert np.isnan(second(wrapped)(x)), second
   np.testing.assert_allclose(jax.hessian(plain)(x), 0.0)   # what differentiating it gave
+
+
+def _entry_fusions(text):
+  """The fusions (kernels) of an optimised HLO module's entry computation."""
+  entry = text[text.index("\nENTRY "):]
+  entry = entry[:entry.index("\n}")]
+  return re.findall(r"= \S+ fusion\(", entry)
+
+
+def test_in_body_keeps_what_a_loop_computes_from_its_parameters_in_the_body():
+  # XLA moves a computation of values that every step sees unchanged out of the loop, where it
+  # is one more kernel to compile (tools/kernel_census.py: ~10 of them in jax.jit of ε).
+  # Through loops.in_body the same computation stays in the body's kernels, with the same
+  # values.
+  x = np.linspace(0.5, 2.0, 7)
+
+  def loop(keep):
+    def f(v):
+      def body(carry):
+        i, acc = carry
+        w = loops.in_body(v, i) if keep else v
+        per = jnp.log(w) / (1.0 + jnp.sqrt(w))   # a function of the parameter alone
+        return i + 1, acc * 0.5 + per * jnp.cos(acc + i)
+      return loops.while_loop(lambda c: c[0] < 5, body, (0, v))[1]   # (no kernel of its own)
+    return jax.jit(f).lower(x).compile()
+
+  hoisted, kept = loop(False), loop(True)
+  assert _entry_fusions(hoisted.as_text())   # XLA hoisted the parameter's function
+  assert not _entry_fusions(kept.as_text())
+  np.testing.assert_array_equal(np.asarray(kept(x)), np.asarray(hoisted(x)))
+  # A pytree of values, in and out in the same structure.
+  out = loops.in_body({"a": jnp.ones(2), "b": (jnp.zeros(3),)}, jnp.int32(1))
+  assert jax.tree_util.tree_structure(out) == jax.tree_util.tree_structure(
+      {"a": 0, "b": (0,)})

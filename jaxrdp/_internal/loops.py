@@ -89,6 +89,20 @@ def while_loop(cond_fun, body_fun, init_val, *, batched_as=()):
   return _loop(lambda c, b: lax.while_loop(c, b, init_val), cond_fun, body_fun)
 
 
+def in_body(values, counter):
+  """``values`` (a pytree of arrays that every step of a loop sees unchanged: the loop's
+  parameters), as the body of that loop should use them: passed through one
+  ``lax.optimization_barrier`` with ``counter``, a value of the loop's state that changes
+  from step to step. XLA's loop-invariant code motion moves a computation that depends only
+  on unchanged values out of the loop, where it becomes a kernel of its own (cheap functions of
+  the parameters, each one more kernel to compile, ~15 ms of a first call each); through the
+  barrier they stay in the body's own kernels. The barrier computes nothing (the values are
+  bitwise the same) and costs no kernel; what is recomputed per step is per-parameter work,
+  small beside the step's."""
+  *out, _ = lax.optimization_barrier((*jax.tree_util.tree_leaves(values), counter))
+  return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(values), out)
+
+
 def fori_loop(lower, upper, body_fun, init_val):
   """:func:`jax.lax.fori_loop`, a loop also inside an entry point's trace."""
   return _loop(lambda b: lax.fori_loop(lower, upper, b, init_val), body_fun)

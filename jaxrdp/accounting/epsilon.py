@@ -400,8 +400,8 @@ _log_j_levels`), and one more step evaluates the optimal order found (a derivati
   at_grid = lambda row_eps: jnp.concatenate([eps_outside, row_eps.reshape(-1)])[source]
   row_split = lambda count: sampled_gaussian.OrderSplit(
       (), tuple(tuple(range(r * width, (r + 1) * width)) for r in range(count)))
-  values = lambda alphas, count: _grid_values(q, sigma, t, delta, alphas, row_split(count), (),
-                                              fallback=True)[0]
+  values = lambda alphas, count, args=(q, sigma, t, delta): _grid_values(
+      *args, alphas, row_split(count), (), fallback=True)[0]
   state = jax.tree_util.tree_map(jnp.asarray, order_search.search_start(grid.dtype))
   if refine_steps == 0:   # the grid's rows at once: no loop around the kernel
     row_eps = values(rows.reshape(-1), n_rows)
@@ -412,13 +412,13 @@ _log_j_levels`), and one more step evaluates the optimal order found (a derivati
 
   directions = [i for i in (0, 1) if wanted and wanted[i]]
 
-  def evaluate(alphas):   # ε at the row's orders; with ``wanted``, T·RDP and its derivatives
-    if not directions:
-      return values(alphas, 1), None, None
+  def evaluate(alphas, args):   # ε at the row's orders; with ``wanted``, T·RDP and its
+    if not directions:          # derivatives
+      return values(alphas, 1, args), None, None
     rdp_of = lambda q_, s_, t_: composition.rdp_of_steps(q_, s_, t_, alphas, row_split(1), (),
                                                          fallback=True)
-    rdp, d_rdp = _rdp_and_derivatives(rdp_of, q, sigma, t, wanted)
-    return _composed_epsilons(alphas, rdp, delta), rdp, d_rdp
+    rdp, d_rdp = _rdp_and_derivatives(rdp_of, *args[:3], wanted)
+    return _composed_epsilons(alphas, rdp, args[3]), rdp, d_rdp
 
   def step(carry):
     state, row_eps, *last = carry
@@ -431,7 +431,9 @@ _log_j_levels`), and one more step evaluates the optimal order found (a derivati
     if directions:
       alphas = jnp.where(searching, alphas, jnp.where(jnp.isfinite(state.order), state.order,
                                                       2.0))
-    eps, rdp, d_rdp = evaluate(alphas)
+    # The schedule through a barrier with the step (loops.in_body): what the step computes
+    # from it alone stays in the body's kernels (δ, often a constant, stays one).
+    eps, rdp, d_rdp = evaluate(alphas, loops.in_body((q, sigma, t), row) + (delta,))
     new_eps = jnp.where(filling, lax.dynamic_update_index_in_dim(row_eps, eps, at_row, 0),
                         row_eps)
     new = order_search.search_update(state, jnp.concatenate([at_grid(new_eps), eps]),

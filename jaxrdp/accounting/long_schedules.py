@@ -101,7 +101,10 @@ def _binned_search(q, sigma, t, delta, grid, split, tables, refine_steps):
     pick = jnp.sort(lax.top_k(-key, _WINDOW)[1])   # the grid ascends: so do the orders
     inside = order_search.refinement_orders(lo, hi, count=_WINDOW)
     orders = jnp.where(searching, grid[pick], inside)
-    r = composition.rdp_of_steps(q, sigma, t, orders, window, None, fallback=False)[0]
+    # The schedule through a barrier with the state (loops.in_body): what the step computes
+    # from the phases alone stays in the step's kernels.
+    r = composition.rdp_of_steps(*loops.in_body((q, sigma, t), refined), orders, window, None,
+                                 fallback=False)[0]
     eps = _composed_epsilons(orders, r, delta)
     eps = jnp.where(searching & ~candidates[pick], jnp.inf, eps)   # fillers of the last window
     j = jnp.argmin(eps)
@@ -203,7 +206,8 @@ def _windowed_search(q, sigma, t, delta, grid, standin, windows):
     orders = jnp.clip(centre + offsets.astype(dtype) * spacing, low, high)
     nearest = grid[jnp.argmin(jnp.where(usable, jnp.abs(grid - centre), jnp.inf))]
     orders = jnp.sort(jnp.where((placed > 0) & (offsets == _PROBES - 4), nearest, orders))
-    r = composition.rdp_of_steps(q, sigma, t, orders, probes, None, fallback=False)[0]
+    r = composition.rdp_of_steps(*loops.in_body((q, sigma, t), step), orders, probes, None,
+                                 fallback=False)[0]   # (as in _binned_search)
     eps = _composed_epsilons(orders, r, delta)
     j = jnp.argmin(eps)
     better = eps[j] < best

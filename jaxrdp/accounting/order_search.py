@@ -76,7 +76,10 @@ def grid_brackets(orders):
 
 def refinement_orders(lo, hi, xp=jnp, count=BATCH):
   """The ``count`` equally spaced orders strictly inside the bracket [lo, hi]."""
-  fractions = xp.arange(1, count + 1, dtype=lo.dtype) / (count + 1)
+  # NumPy constants in either case (in a graph an iota would be a kernel of its own), divided
+  # in lo's precision, as jnp would.
+  dtype = np.dtype(lo.dtype)
+  fractions = np.arange(1, count + 1, dtype=dtype) / dtype.type(count + 1)
   return lo + (hi - lo) * fractions
 
 

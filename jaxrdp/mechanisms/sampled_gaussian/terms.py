@@ -9,8 +9,10 @@ double-where selects (NaN-free gradients) and the one-sided derivatives at α = 
 
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
-from jax import lax
 
 from jaxrdp._internal import validation
 from jaxrdp.mechanisms.sampled_gaussian.common import _softplus, _where
@@ -23,6 +25,34 @@ def _generic(q, sigma, alpha):
   generic = (q > 0) & (q < 1) & (sigma > 0) & jnp.isfinite(alpha) & (alpha >= 1)
   return (generic, _where(generic, q, 0.5), _where(generic, sigma, 1.0),
           _where(generic, alpha, 2.0))
+
+
+@jax.custom_jvp
+def _q1_slopes(q, alpha, inv_2s2):
+  """(0, 0), whose derivative along q is that of (log A, RDP) at q = 1 from below:
+  (α(1 − e^{−t}), 2α/(2σ²)·(1 − e^{−t})/t), t = (α − 1)/σ² (:func:`_terms`); zero along α
+  and σ (the terms are zero in value for every α, σ). A derivative rule, not
+  (q − stop_gradient(q)) times the slopes: a derivative along σ or α alone then has no
+  term for them (nor kernels to compile: each of the slopes' expm1 and division was one in
+  ``jax.grad`` of ε along σ), and a value alone no arithmetic for them."""
+  zero = jnp.zeros(jnp.broadcast_shapes(q.shape, alpha.shape, inv_2s2.shape),
+                   jnp.result_type(q, alpha, inv_2s2))
+  return zero, zero
+
+
+@functools.partial(_q1_slopes.defjvp, symbolic_zeros=True)
+def _q1_slopes_jvp(primals, tangents):
+  q, alpha, inv_2s2 = primals
+  out = _q1_slopes(q, alpha, inv_2s2)
+  dq = tangents[0]
+  if type(dq) is jax.custom_derivatives.SymbolicZero:
+    return out, tuple(jnp.zeros_like(v) for v in out)
+  t = 2 * (alpha - 1) * inv_2s2
+  t_nonzero = t != 0
+  t_safe = _where(t_nonzero, t, 1.0)
+  one_minus_e = -jnp.expm1(-t)
+  rate = _where(t_nonzero, one_minus_e / t_safe, 1.0)   # (1 - e^-t)/t, 1 at t = 0
+  return out, (dq * (alpha * one_minus_e), dq * (2 * alpha * inv_2s2 * rate))
 
 
 def _terms(q, sigma, alpha, log_j=None, inv_2s2=None):
@@ -46,7 +76,8 @@ def _terms(q, sigma, alpha, log_j=None, inv_2s2=None):
     :math:`\alpha (E[L^\alpha] - E[L^{\alpha-1}])/E[L^\alpha] = \alpha(1 - e^{-t})`,
     :math:`t = (\alpha-1)/\sigma^2` (moments :math:`E_{\mu_0}[L^k] = e^{k(k-1)/(2\sigma^2)}`),
     so :math:`\partial_q \mathrm{RDP} = (\alpha/\sigma^2)(1 - e^{-t})/t` (:math:`1/\sigma^2`,
-    the KL's slope, at :math:`\alpha = 1`); added as :math:`(q - \mathrm{sg}(q))` times it.
+    the KL's slope, at :math:`\alpha = 1`); added as a term zero in value whose derivative
+    along q is the slope (:func:`_q1_slopes`).
 
   References: Mironov, Talwar, Zhang (2019), arXiv:1908.10530, Sec. 3 (A_α and its moments).
   """
@@ -72,17 +103,13 @@ def _terms(q, sigma, alpha, log_j=None, inv_2s2=None):
     s_pos = _where(sigma > 0, sigma, 1.0)
     inv_2s2 = 1 / (2 * s_pos * s_pos)
   a_fin = _where(jnp.isfinite(alpha), alpha, 2.0)
-  # q = 1: the closed form plus (q - stop_gradient(q)) times the one-sided slopes above, from a
-  # finite 1/(2 sigma^2) (where sigma^2 underflows the value is +inf and 0 * inf would be NaN).
+  # q = 1: the closed form plus a term zero in value whose derivative along q is the one-sided
+  # slopes above, from a finite 1/(2 sigma^2) (where sigma^2 underflows the value is +inf and
+  # the slope would be 0 * inf = NaN).
   inv_fin = _where(jnp.isfinite(inv_2s2), inv_2s2, 0.5)
-  t = 2 * (a_fin - 1) * inv_fin
-  t_nonzero = t != 0
-  t_safe = _where(t_nonzero, t, 1.0)
-  one_minus_e = -jnp.expm1(-t)
-  rate = _where(t_nonzero, one_minus_e / t_safe, 1.0)   # (1 - e^-t)/t, 1 at t = 0
-  dq = q - lax.stop_gradient(q)
-  log_a_q1 = a_fin * (a_fin - 1) * inv_2s2 + dq * (a_fin * one_minus_e)
-  rdp_q1 = a_fin * inv_2s2 + dq * (2 * a_fin * inv_fin * rate)
+  slope_log_a, slope_rdp = _q1_slopes(q, a_fin, inv_fin)
+  log_a_q1 = a_fin * (a_fin - 1) * inv_2s2 + slope_log_a
+  rdp_q1 = a_fin * inv_2s2 + slope_rdp
 
   zero = jnp.zeros_like(q)
   blows_up = (sigma == 0) | ~jnp.isfinite(alpha)
