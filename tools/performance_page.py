@@ -81,6 +81,10 @@ size of jaxrdp's graph. How that graph is kept small:
   whose lower bound can still be the minimum; with it (the default), in two windows of 8
   orders, the first centred on the optimum of a stand-in schedule (one pair per bin), the
   second on that of a model of log R through the first's orders: 16 orders per phase in all.
+* **Work stays in its loop**: XLA moves what a loop computes from values that every step sees
+  unchanged (the schedule's per-phase constants) out of the loop, where each piece is one more
+  kernel; the searches take the schedule through an optimisation barrier with the step counter,
+  so that this work stays in the step's kernels (`jax.jit(jax.grad(...))`: 88 kernels → 73).
 * **Measured in kernels**: XLA on a CPU compiles every distinct fusion of a program as a
   kernel of its own, at a cost that hardly depends on the kernel's size (with XLA's default
   options about 30 ms of compile work per kernel on this machine, over two threads), so a

@@ -445,9 +445,16 @@ _log_j_levels`), and one more step evaluates the optimal order found (a derivati
     # leaves its result as it was (``active``); it is the loop's last, so the values it
     # evaluates are those the loop ends with.
     return new, new_eps, rdp[:, 0], d_rdp[:, :, 0], last[2] | ~searching
-  carry = (state, jnp.zeros((n_rows, width), grid.dtype))
-  if directions:   # T·RDP and its derivatives at the optimal order, and whether they are in
-    carry += (jnp.zeros(q.shape, q.dtype), jnp.zeros((len(directions),) + q.shape, q.dtype),
+  # The rows' ε start as placeholders: no step reads a row before it is filled (the search
+  # takes the grid's best order once every row is), so the rows' orders serve, a constant
+  # (zeros would be a kernel of their own to compile).
+  carry = (state, rows)
+  if directions:   # T·RDP and its derivatives at the optimal order, and whether they are in.
+    # Every step overwrites the first two (the last step's are the result), so they start as
+    # placeholders of their shape: σ's own buffer where it has that shape (a zero array is a
+    # kernel of its own to compile; σ is the usual variable, a buffer already).
+    d_shape = (len(directions),) + q.shape
+    carry += (sigma, sigma[None] if d_shape[0] == 1 else jnp.zeros(d_shape, q.dtype),
               jnp.zeros((), bool))
   out = loops.while_loop(lambda c: c[0].go | (bool(directions) and ~c[-1]), step, carry,
                          batched_as=(q, sigma, t, delta))
