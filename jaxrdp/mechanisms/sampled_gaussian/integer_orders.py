@@ -81,13 +81,22 @@ def _log_j_integer(per_pair, log1m_q, alphas, log_binoms):
     # Each order's chunks (n, m, most chunks; padded with a chunk of nothing), summed in
     # linear space relative to the largest of their tops: no logarithm of a partial sum is
     # rounded (in float32 that would cost ~|log A| ulps).
-    # (Constant indices, the padding masked: a concatenation is a loop per piece.)
-    starts = np.cumsum([0] + counts[:-1])
-    index = np.array([[start + min(j, count - 1) for j in range(max(counts))]
-                      for start, count in zip(starts, counts)])
-    valid = np.arange(max(counts)) < np.array(counts)[:, None]
-    chunk_top = _where(valid & has_terms[:, index], top[:, index], -jnp.inf)
-    chunk_total = _where(valid, total[:, index], 0.0)
+    # (Each bucket's chunks reshaped into its orders' rows and padded with empty chunks,
+    # then joined: one kernel, where a gather with constant indices took two, and with
+    # many pairs a transposed copy of each.)
+    widest = max(counts)
+
+    def by_order(v, fill):   # (n, chunks) -> (n, m, widest): each bucket's orders as rows
+      rows, start = [], 0
+      for log_binom in log_binoms:
+        m_b, width = log_binom.shape
+        p_b = -(-width // _SUM_CHUNK)
+        block = v[:, start:start + m_b * p_b].reshape(v.shape[0], m_b, p_b)
+        rows.append(jnp.pad(block, ((0, 0), (0, 0), (0, widest - p_b)), constant_values=fill))
+        start += m_b * p_b
+      return jnp.concatenate(rows, axis=1) if len(rows) > 1 else rows[0]
+    chunk_top = by_order(_where(has_terms, top, -jnp.inf), -jnp.inf)
+    chunk_total = by_order(total, 0.0)
     top = jnp.max(chunk_top, axis=-1)   # finite: every order has terms
     weighted = chunk_total * jnp.exp(chunk_top - top[..., None])
     log_a_minus_1 = jnp.log(jnp.sum(weighted, axis=-1)) + top
