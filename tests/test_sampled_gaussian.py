@@ -240,6 +240,25 @@ def test_jit_of_vmap_traces_each_kernel_once(monkeypatch):
   np.testing.assert_allclose(by_element, jaxrdp.log_a(q, sigma, alpha[0]), rtol=1e-14)
 
 
+def test_a_kernel_in_a_loop_that_vmap_batches_is_traced_by_its_rule_only(monkeypatch):
+  # lax.while_loop traces its body at the unbatched shapes before jax.vmap batches it: the
+  # shared-node kernel in the ε search's loop (whose state vmap batches from the start) is
+  # traced once, by its batching rule, for the whole batch (not first for one element), and
+  # the values are those of each element's own jitted search.
+  from jaxrdp.mechanisms.sampled_gaussian import curve
+  traced = []
+  shared = curve._quadrature_values
+  monkeypatch.setattr(curve, "_quadrature_values",
+                      lambda q, *a: traced.append(q.shape) or shared(q, *a))
+  sigma = jnp.asarray([0.7, 1.1, 2.5])
+  epsilon = lambda s: jaxrdp.dpsgd_epsilon(0.01, s, 1000, 1e-5)
+  jax.clear_caches()
+  mapped = jax.jit(jax.vmap(epsilon))(sigma)
+  assert traced == [(3,)]
+  one = jax.jit(epsilon)
+  np.testing.assert_array_equal(mapped, [one(s) for s in sigma])
+
+
 def test_gradient_matches_finite_differences_in_alpha():
   # d log A / d alpha (fractional and integer orders alike), central differences, float64.
   for q, sigma, alpha in [(0.01, 1.1, 4.7), (0.2, 2.0, 3.0), (1e-3, 0.8, 12.5)]:

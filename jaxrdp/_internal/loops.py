@@ -15,6 +15,7 @@ loops jaxrdp uses (``tests/test_loops.py`` checks both).
 from __future__ import annotations
 
 import functools
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -83,10 +84,44 @@ def while_loop(cond_fun, body_fun, init_val, *, batched_as=()):
   from jaxrdp._internal import compilation   # (which imports this module)
   leaves = [x for x in jax.tree_util.tree_leaves(batched_as) if compilation.batched(x)]
   if leaves:
-    x = leaves[0]
-    always = (jnp.sum(x) == 0) | True   # batched, and true
-    init_val = jax.tree_util.tree_map(lambda v: jnp.where(always, v, v), init_val)
+    init_val = jax.tree_util.tree_map(lambda v: batched_like(leaves[0], v), init_val)
+    body_fun = _witnessed(body_fun)
   return _loop(lambda c, b: lax.while_loop(c, b, init_val), cond_fun, body_fun)
+
+
+def batched_like(witness, value):
+  """``value``, made to depend on ``witness`` (a select of ``value`` with itself on a
+  predicate computed from ``witness`` that is always true, which XLA removes): batched by
+  :func:`jax.vmap` wherever ``witness`` is."""
+  always = (jnp.sum(witness) == 0) | True
+  return jnp.where(always, value, value)
+
+
+_WITNESS = threading.local()   # .stack: witnesses of the batched loop bodies being traced
+
+
+def batched_witness():
+  """While the body of a :func:`while_loop` that :func:`jax.vmap` batches is traced (at the
+  unbatched shapes: ``lax.while_loop`` traces its body before vmap batches it), a value of
+  its state, which vmap batches (the whole state is batched from the start); None
+  otherwise. A kernel with a batching rule called there can skip tracing its primal
+  (:func:`jaxrdp.mechanisms.sampled_gaussian.common._rule_only_when_batched`), made batched
+  by this value (:func:`batched_like`) so that its rule is sure to replace it."""
+  stack = getattr(_WITNESS, "stack", None)
+  return stack[-1] if stack else None
+
+
+def _witnessed(body_fun):
+  """``body_fun`` with its state's first value as :func:`batched_witness` while it runs."""
+  @functools.wraps(body_fun)
+  def body(state):
+    stack = _WITNESS.__dict__.setdefault("stack", [])
+    stack.append(jax.tree_util.tree_leaves(state)[0])
+    try:
+      return body_fun(state)
+    finally:
+      stack.pop()
+  return body
 
 
 def in_body(values, counter):

@@ -129,11 +129,18 @@ def _rule_only_when_batched(kernel):
   when :func:`_placeholder_primal` says so) called so that, on values being batched by
   :func:`jax.vmap`, the primal is not traced: custom_vmap traces it for the unbatched shapes
   before the batching rule replaces it, which would trace the whole kernel twice. The
-  placeholder (NaN of the output's shape) is never evaluated: the rule's result replaces it."""
+  placeholder (NaN of the output's shape) is never evaluated: the rule's result replaces it.
+  The same in the body of a loop that vmap batches, which ``lax.while_loop`` traces at the
+  unbatched shapes before vmap batches it (:func:`jaxrdp._internal.loops.batched_witness`):
+  the first argument is made batched there, so that the rule replaces the primal whatever
+  the others are."""
   @functools.wraps(kernel)
   def call(*args):
     if not any(compilation.batched(x) for x in jax.tree_util.tree_leaves(args)):
-      return kernel(*args)
+      witness = loops.batched_witness()
+      if witness is None:
+        return kernel(*args)
+      args = (loops.batched_like(witness, args[0]),) + args[1:]
     _PRIMAL.skip = True
     try:
       return kernel(*args)
