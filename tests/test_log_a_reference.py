@@ -72,20 +72,26 @@ def test_gradients_match_mpmath(log_a_reference):
 
 def test_envelope_tangents_match_mpmath_on_both_grids(log_a_reference):
   # rdp_tangent_at_order (the envelope gradient's derivative at the optimal order): up to
-  # _FINE_ONLY pairs on one 2049-node grid, more on the nested grids with the derivative in the
-  # same pass (the pairs tiled past _FINE_ONLY). Both against the mpmath derivatives, where the
-  # value is certified (every point with α ≤ 64 here).
+  # _FINE_PAIRS pairs on one 2049-node grid (every point, in batches of _FINE_PAIRS), more on
+  # the nested grids with the derivative in the same pass (every point at once, tiled past
+  # _FINE_PAIRS). Both against the mpmath derivatives, where the value is certified (every
+  # point with α ≤ 64 here).
   from jaxrdp.mechanisms.sampled_gaussian import rdp_tangent_at_order, shared_values
   r = log_a_reference
   inside = (r["q"] > 0) & (r["q"] < 1) & (r["alpha"] <= 64)
-  q, s, a = (r[k][inside] for k in ("q", "sigma", "alpha"))
-  for copies in (1, -(-(shared_values._FINE_ONLY + 1) // q.size)):
-    qq, ss, aa = (np.tile(v, copies) for v in (q, s, a))
-    assert (qq.size > shared_values._FINE_ONLY) == (copies > 1)
-    one = jnp.ones(qq.size)
-    for name, dq, ds in (("dlog_a_dq", one, None), ("dlog_a_dsigma", None, one)):
+  points = [r[k][inside] for k in ("q", "sigma", "alpha", "dlog_a_dq", "dlog_a_dsigma")]
+  fine = shared_values._FINE_PAIRS
+  batches = -(-points[0].size // fine)
+  on_fine = [np.resize(v, (batches, fine)) for v in points]   # (the last batch wraps around)
+  nested = [np.tile(v, -(-(fine + 1) // v.size))[None] for v in points]
+  for grid, (q, s, a, *refs) in (("fine", on_fine), ("nested", nested)):
+    one = jnp.ones(q.shape[1])
+    assert (q.shape[1] > fine) == (grid == "nested")
+    for name, dq, ds, ref in (("dlog_a_dq", one, None, refs[0]),
+                              ("dlog_a_dsigma", None, one, refs[1])):
       # Each pair at its own order (the order broadcasts against the pairs).
-      rdp, d_rdp, certified = jax.jit(rdp_tangent_at_order)(qq, ss, aa, dq, ds)
-      assert np.all(np.asarray(certified))
-      ref = np.tile(r[name][inside], copies) / (aa - 1)
-      assert _rel(np.asarray(d_rdp), ref).max() <= GRAD_RTOL, (name, copies)
+      tangent = jax.jit(rdp_tangent_at_order)
+      for i in range(q.shape[0]):
+        rdp, d_rdp, certified = tangent(q[i], s[i], a[i], dq, ds)
+        assert np.all(np.asarray(certified))
+        assert _rel(np.asarray(d_rdp), ref[i] / (a[i] - 1)).max() <= GRAD_RTOL, (name, grid)
