@@ -64,8 +64,9 @@ size of jaxrdp's graph. How that graph is kept small:
   4097 nodes sum the integrand's derivative with its values (in σ, the integrand that Stein's
   identity gives, a function of the nodes' values), and one more step evaluates the
   optimal order found, so a derivative's graph holds one copy of the kernel. Longer
-  schedules take it at the optimal order on the nested grids once more
-  (`rdp_tangent_at_order`; 2049 nodes at once for up to 1,024 pairs). The search for the
+  schedules take it at the optimal order once more, on the nested grids whose loop their
+  program holds anyway (`rdp_tangent_at_order`; only up to 64 pairs on 2049 nodes at once,
+  which at 1,000 phases ran 5x slower and compiled into 29 kernels more). The search for the
   order is never differentiated, and the per-order quadrature (five times the compile time)
   is not in a derivative's graph.
 * **One row of shared nodes per step**: integer orders are exact sums computed once, outside
@@ -74,7 +75,9 @@ size of jaxrdp's graph. How that graph is kept small:
   steps of 32 orders, so the loop holds one copy of the kernel and runs only what each step
   needs. Without refinement there is no loop at all.
 * **`vmap` batches the loops once**: a search loop's state is batched from the start, so
-  `jax.vmap` batches its body in one pass and traces the kernels' batching rules once.
+  `jax.vmap` batches its body in one pass and traces the kernels' batching rules once; the
+  body itself, which `lax.while_loop` traces for one element first, gives the kernels a
+  placeholder there, not a second trace.
 * **Long schedules in static shapes** (more than 64 phases, traced or eager: one program):
   the phases binned by σ bound ε at every order from above and below (RDP is monotone in q
   and σ); without refinement every phase is evaluated only at the windows of 16 grid orders
