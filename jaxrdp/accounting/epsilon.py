@@ -58,7 +58,7 @@ from jaxrdp.accounting.order_search import grid_epsilon
 from jaxrdp.accounting.conversion import epsilon_at_orders
 from jaxrdp.accounting.conversion import composed_epsilons as _composed_epsilons
 from jaxrdp.accounting.long_schedules import (_BINNED_PHASES, _WINDOW_REFINE_STEPS,
-                                              _binned_search)
+                                              _binned_search, grid_ends)
 from jaxrdp.accounting.envelope import (_chain, _concrete_split, _contract, _envelope,
                                         _epsilon_gradient, _masked, _prepare_gradient,
                                         _rdp_and_derivatives)
@@ -495,7 +495,8 @@ def _concrete_epsilon(q, sigma, t, delta, grid, refine_order):
   if q.shape[0] > _BINNED_PHASES:   # traced or not: one program
     ascending = np.sort(grid)   # a window's orders ascend (one group of shared nodes)
     split, tables = _concrete_split(ascending)
-    return _binned_search(q, sigma, t, delta, ascending, split, tables,
+    return _binned_search(q, sigma, t, delta, ascending, split,
+                          (tables, grid_ends(ascending)),
                           _WINDOW_REFINE_STEPS if steps else 0)
   grid = np.asarray(grid)
   brackets = order_search.grid_brackets(grid)

@@ -6,7 +6,7 @@ sorted by σ and cut into bins bound the schedule's RDP from above and below at 
 minimum are evaluated, a window at a time (:func:`_binned_search`). With refinement a
 representative pair per bin stands for the schedule: its optimum places the first window
 of orders, and a model of log R through each window's orders the next
-(:func:`_windowed_search`, :func:`_model_vertex`). Every ε returned is ε at an evaluated
+(:func:`_windowed_search`, :func:`_vertex_of`). Every ε returned is ε at an evaluated
 order, a valid bound.
 """
 
@@ -46,21 +46,28 @@ def _phase_bins(q, sigma, t):
   p, bins = q.shape[0], _BOUND_BINS
   size = -(-p // bins)
   order = jnp.argsort(sigma, stable=True)
-  pad = lambda v, fill: jnp.concatenate([v[order], jnp.full((size * bins - p,), fill, v.dtype)])
-  qs, ss, ts = (pad(v, f).reshape(bins, size) for v, f in ((q, 0.0), (sigma, 1.0), (t, 0.0)))
+  # q, σ, T stacked: one gather, one pad, and each reduction below one kernel for all the
+  # rows it serves (a kernel each, apart). Padding phases have no steps: no part either.
+  stacked = jnp.stack([q, sigma, t], axis=1)[order]                     # (p, 3)
+  stacked = jnp.pad(stacked, ((0, size * bins - p), (0, 0)))
+  qs, ss, ts = jnp.moveaxis(stacked.reshape(bins, size, 3), -1, 0)
   live = ts > 0
-  extreme = lambda v, fn, fill: fn(jnp.where(live, v, fill), axis=1)
-  steps = jnp.sum(ts, axis=1)
+  # The bins' extremes as maxima: the largest q and σ, and the negated smallest (exact).
+  extremes = jnp.max(jnp.where(live, jnp.stack([qs, -qs, -ss, ss]),
+                               np.array([0.0, -1.0, -np.inf, 0.0], q.dtype)[:, None, None]),
+                     axis=2)
+  sums = jnp.sum(jnp.stack([ts, jnp.where(live, ts * (qs * qs), 0.0),
+                            jnp.where(live, ts * ss, 0.0)]), axis=2)
+  steps = sums[0]
   empty = steps == 0
   neutral = lambda v, fill: jnp.where(empty, fill, v)
   # A third pair per bin stands for it in _windowed_search's estimate of the optimal order:
   # the steps' root mean square q (RDP grows as q^2 for small q) and mean σ.
-  mean = lambda v: jnp.sum(jnp.where(live, ts * v, 0.0), axis=1) / jnp.where(empty, 1.0, steps)
-  q_pairs = jnp.concatenate([neutral(extreme(qs, jnp.max, 0.0), 0.5),
-                             neutral(extreme(qs, jnp.min, 1.0), 0.5),
-                             neutral(jnp.sqrt(mean(qs * qs)), 0.5)])
-  s_pairs = jnp.concatenate([neutral(extreme(ss, jnp.min, jnp.inf), 1.0),
-                             neutral(extreme(ss, jnp.max, 0.0), 1.0), neutral(mean(ss), 1.0)])
+  mean = lambda v: v / jnp.where(empty, 1.0, steps)
+  q_pairs = jnp.concatenate([neutral(extremes[0], 0.5), neutral(-extremes[1], 0.5),
+                             neutral(jnp.sqrt(mean(sums[1])), 0.5)])
+  s_pairs = jnp.concatenate([neutral(-extremes[2], 1.0), neutral(extremes[3], 1.0),
+                             neutral(mean(sums[2]), 1.0)])
   return q_pairs, s_pairs, jnp.concatenate([steps, steps, steps])
 
 
@@ -79,11 +86,13 @@ def _binned_search(q, sigma, t, delta, grid, split, tables, refine_steps):
   ``refine_steps`` > 0 the search is :func:`_windowed_search` instead (a third pair per bin
   stands for its phases; no bounds)."""
   grid = jnp.asarray(grid)
+  tables, ends = tables   # the kernel's tables; grid_ends of the grid
   bq, bs, bt = _phase_bins(q, sigma, t)
   if refine_steps:   # the stand-ins at the grid: where the windows start
     bq, bs, bt = (v[2 * _BOUND_BINS:] for v in (bq, bs, bt))
     rdp = composition.rdp_of_steps(bq, bs, bt, grid, split, tables, fallback=False)[0]
-    return _windowed_search(q, sigma, t, delta, grid, jnp.sum(rdp, axis=0), refine_steps)
+    return _windowed_search(q, sigma, t, delta, grid, jnp.sum(rdp, axis=0), refine_steps,
+                            ends)
   rdp, pending = composition.rdp_of_steps(bq[:2 * _BOUND_BINS], bs[:2 * _BOUND_BINS],
                                           bt[:2 * _BOUND_BINS], grid, split, tables,
                                           fallback=False)
@@ -141,25 +150,35 @@ def _parabola_vertex(x, f):
   return jnp.where(ok, jnp.clip(vertex, x0, x2), x1), ok
 
 
-_MODEL_POINTS = 129   # orders at which _model_vertex evaluates its model
+_MODEL_POINTS = 129   # orders at which _vertex_of evaluates its model
 
 
-def _model_vertex(x, r, delta, j):
-  """The order between x[j − 1] and x[j + 1] minimising ε with the composed RDP's logarithm
-  taken as the polynomial through (x, log r) at the five orders around the j-th (x ascending,
-  r the RDP there), and whether that is well defined (0 < j < len(x) − 1, the five orders
-  distinct, r finite and positive). log R is smooth where ε is not: nearly log α + const
-  where the steps are Gaussian-like, nearly linear in α where a small σ makes R grow as
-  e^{α/σ²}, while the conversion's −log δ/(α − 1) dominates ε's curvature at small orders; so
-  this places the optimum far closer than a parabola through ε itself. ε of the model on
-  _MODEL_POINTS orders, then the parabola through its smallest value and the neighbours."""
+def _window_of(x, r, j):
+  """What :func:`_vertex_of` places the optimum from, as one array (one carried value of a
+  loop): the five orders around the j-th of x (ascending), the composed RDP r there, the j-th
+  order's neighbours and the order itself, and 1 where the model through the five is well
+  defined (0 < j < len(x) − 1, the five orders distinct, r finite and positive), else 0."""
   n = x.shape[0]
   at = jnp.clip(j - 2, 0, n - 5) + jnp.arange(5)
-  xs, log_r = x[at], jnp.log(jnp.where(r[at] > 0, r[at], 1.0))
-  ok = ((j > 0) & (j < n - 1) & jnp.all(jnp.isfinite(r[at]) & (r[at] > 0))
-        & jnp.all(xs[1:] > xs[:-1]))
-  lo, hi = x[jnp.maximum(j - 1, 0)], x[jnp.minimum(j + 1, n - 1)]
-  a = lo + (hi - lo) * jnp.linspace(0.0, 1.0, _MODEL_POINTS, dtype=x.dtype)
+  places = jnp.concatenate([at, jnp.stack([jnp.maximum(j - 1, 0), jnp.minimum(j + 1, n - 1), j])])
+  xs, rs = x[places], r[at]
+  ok = ((j > 0) & (j < n - 1) & jnp.all(jnp.isfinite(rs) & (rs > 0))
+        & jnp.all(xs[1:5] > xs[:4]))
+  return jnp.concatenate([xs, rs, ok.astype(x.dtype)[None]])
+
+
+def _vertex_of(window, delta):
+  """The order between the neighbours of a :func:`_window_of` minimising ε with the composed
+  RDP's logarithm taken as the polynomial through (x, log r) at its five orders; its own
+  order where the model is not well defined. log R is smooth where ε is not: nearly
+  log α + const where the steps are Gaussian-like, nearly linear in α where a small σ makes R
+  grow as e^{α/σ²}, while the conversion's −log δ/(α − 1) dominates ε's curvature at small
+  orders; so this places the optimum far closer than a parabola through ε itself. ε of the
+  model on _MODEL_POINTS orders, then the parabola through its smallest value and the
+  neighbours."""
+  xs, (lo, hi, x_j), rs, ok = window[:5], window[5:8], window[8:13], window[13] > 0
+  log_r = jnp.log(jnp.where(rs > 0, rs, 1.0))
+  a = lo + (hi - lo) * jnp.linspace(0.0, 1.0, _MODEL_POINTS, dtype=xs.dtype)
   # Lagrange's form, the five terms at once: term i is the product over m ≠ i of (a − x_m),
   # over its weight, the product of (x_i − x_m) (the factor m = i is 1).
   others = ~np.eye(5, dtype=bool)
@@ -170,16 +189,29 @@ def _model_vertex(x, r, delta, j):
   m = jnp.clip(jnp.argmin(jnp.where(jnp.isnan(eps), jnp.inf, eps)), 1, _MODEL_POINTS - 2)
   around = m + jnp.arange(-1, 2)
   vertex, _ = _parabola_vertex(a[around], eps[around])
-  return jnp.where(ok, vertex, x[j]), ok
+  return jnp.where(ok, vertex, x_j)
 
 
-def _windowed_search(q, sigma, t, delta, grid, standin, windows):
+def grid_ends(grid):
+  """Of a concrete grid (ascending), computed on the host: the refinement's starting bracket
+  at each grid order (:func:`jaxrdp.accounting.order_search.grid_brackets`: in a graph one
+  gather, where :func:`~jaxrdp.accounting.order_search.bracket_of` took two reductions over
+  the grid) and the usable orders' range (lowest, highest; +inf, −inf where none is usable),
+  for :func:`_binned_search`."""
+  grid = np.asarray(grid)
+  usable = np.isfinite(grid) & (grid > 1)
+  low = np.min(np.where(usable, grid, np.inf)).astype(grid.dtype)
+  high = np.max(np.where(usable, grid, -np.inf)).astype(grid.dtype)
+  return order_search.grid_brackets(grid) + (low, high)
+
+
+def _windowed_search(q, sigma, t, delta, grid, standin, windows, ends):
   """(ε, its order) of a long schedule, refined continuously in windows of _PROBES orders
   each, every window one evaluation of every phase (one group of shared nodes).
 
   ``standin``: the composed RDP at the (ascending) grid orders of a schedule that stands for
   this one (a representative of each bin of :func:`_phase_bins`). Its optimum, found on the
-  grid and placed between the grid orders by :func:`_model_vertex`, centres the first
+  grid and placed between the grid orders by :func:`_vertex_of`, centres the first
   window, whose orders are the centre plus −3..4 spacings of a quarter of the grid's local
   spacing. While the best order of a window lies at its edge, the next is centred on that
   order with twice the spacing (at most _MAX_WALK such windows); otherwise on the optimum of
@@ -195,14 +227,18 @@ def _windowed_search(q, sigma, t, delta, grid, standin, windows):
   usable = jnp.isfinite(grid) & (grid > 1)
   estimate = _composed_epsilons(grid, standin[None], delta)
   masked = jnp.where(usable & ~jnp.isnan(estimate), estimate, jnp.inf)
-  # The usable orders' range (a grid ascends; orders at most 1 and NaN are not usable).
-  low = jnp.min(jnp.where(usable, grid, jnp.inf))
-  high = jnp.max(jnp.where(usable, grid, -jnp.inf))
+  # The usable orders' range (a grid ascends; orders at most 1 and NaN are not usable), and
+  # each grid order's bracket: from the host (grid_ends).
+  lo_of, hi_of, low, high = (jnp.asarray(v) for v in ends)   # (NumPy where inlined)
   offsets = np.arange(_PROBES) - 3
   probes = sampled_gaussian.OrderSplit(None, (tuple(range(_PROBES)),))
 
   def body(state):
-    best, alpha, centre, spacing, step, placed = state
+    best, alpha, window, spacing, step, placed = state
+    # The centre from the window the step before left (the first: the stand-in's, at the
+    # grid), here rather than at the end of that step: the model is then one copy in the
+    # graph, in the loop, and the last step does not place a window no step evaluates.
+    centre = _vertex_of(window, delta)
     orders = jnp.clip(centre + offsets.astype(dtype) * spacing, low, high)
     nearest = grid[jnp.argmin(jnp.where(usable, jnp.abs(grid - centre), jnp.inf))]
     orders = jnp.sort(jnp.where((placed > 0) & (offsets == _PROBES - 4), nearest, orders))
@@ -212,17 +248,18 @@ def _windowed_search(q, sigma, t, delta, grid, standin, windows):
     j = jnp.argmin(eps)
     better = eps[j] < best
     best, alpha = jnp.where(better, eps[j], best), jnp.where(better, orders[j], alpha)
-    vertex, ok = _model_vertex(orders, jnp.sum(r, axis=0), delta, j)
-    ok = ok & jnp.isfinite(eps[j])
-    centre = jnp.where(ok, vertex, orders[j])
+    window = _window_of(orders, jnp.sum(r, axis=0), j)
+    ok = (window[-1] > 0) & jnp.isfinite(eps[j])
+    window = jnp.where(np.arange(window.shape[0]) == window.shape[0] - 1,
+                       ok.astype(dtype), window)
     spacing = jnp.where(ok, spacing / _SHRINK, 2 * spacing)
-    return best, alpha, centre, spacing, step + 1, placed + ok.astype(jnp.int32)
+    return best, alpha, window, spacing, step + 1, placed + ok.astype(jnp.int32)
 
   one, zero = jnp.ones((), dtype), jnp.zeros((), jnp.int32)
   i = jnp.argmin(masked)
-  centre, _ = _model_vertex(grid, standin, delta, i)
-  lo, hi = order_search.bracket_of(grid, usable, grid[i])
-  state = (jnp.inf * one, jnp.nan * one, centre, (hi - lo) / 8, zero, zero)
+  lo, hi = lo_of[i], hi_of[i]   # order_search.bracket_of(grid, usable, grid[i])
+  state = (jnp.inf * one, jnp.nan * one, _window_of(grid, standin, i), (hi - lo) / 8, zero,
+           zero)
   # ``windows`` windows with the best order inside (at most _MAX_WALK others).
   best, alpha, *_ = loops.while_loop(lambda s: (s[-1] < windows) & (s[-2] < windows + _MAX_WALK),
                                      body, state, batched_as=(q, sigma, t, delta))
