@@ -123,6 +123,20 @@ def _rdp_and_derivatives(rdp_of, q, sigma, t, wanted):
   return r[:n], d_r.reshape((copies, n) + r.shape[1:])
 
 
+def _search_gradient(best, q, sigma, t, delta, rdp, d_rdp, wanted):
+  """d ε / d(q, σ, T, δ) at the order ``best`` from T·RDP per phase there and its derivatives
+  along the ``wanted`` directions (as :func:`_epsilon_gradient`):
+  zero where no order is usable, NaN where a value was not certified."""
+  usable = jnp.isfinite(best) & (best > 1)
+  live = t > 0
+  per_step = lambda v: jnp.where(live, v / jnp.where(live, t, 1.0), 0.0)
+  d_rdp = iter(d_rdp)
+  zero = jnp.zeros_like(q)
+  d_q, d_sigma = (per_step(next(d_rdp)) if w else zero for w in wanted[:2])
+  return _masked(usable, jnp.all(jnp.isfinite(rdp) | ~live),
+                 _chain(jnp.where(usable, best, 2.0), t, delta, per_step(rdp), d_q, d_sigma))
+
+
 def _masked(usable, certified, grads):
   """The gradients where an order is usable and every value at it certified; 0 where no order
   is usable, NaN where a value is not certified."""

@@ -59,9 +59,9 @@ from jaxrdp.accounting.conversion import epsilon_at_orders
 from jaxrdp.accounting.conversion import composed_epsilons as _composed_epsilons
 from jaxrdp.accounting.long_schedules import (_BINNED_PHASES, _WINDOW_REFINE_STEPS,
                                               _binned_search, grid_ends)
-from jaxrdp.accounting.envelope import (_chain, _concrete_split, _contract, _envelope,
-                                        _epsilon_gradient, _masked, _prepare_gradient,
-                                        _rdp_and_derivatives)
+from jaxrdp.accounting.envelope import (_concrete_split, _contract, _envelope,
+                                        _epsilon_gradient, _prepare_gradient,
+                                        _rdp_and_derivatives, _search_gradient)
 from jaxrdp.accounting.orders import DEFAULT_ORDERS
 
 REFINE_STEPS = 6   # the branch and bound's refinement steps of order_search.BATCH = 8 orders
@@ -256,11 +256,10 @@ def dpsgd_epsilon_unchecked(q, sigma, t, delta, grid, refine_order):
 
 def _traced_search(q, sigma, t, delta, grid, refine_order):
   """(grid as a tuple, dtype name): where :func:`_concrete_epsilon` would run
-  :func:`_grid_search` on traced values with refinement (a concrete grid split into exact sums
-  and shared nodes, at most _BINNED_PHASES phases); None otherwise."""
+  :func:`_grid_search` or :func:`_binned_search` on traced values with refinement (a concrete
+  grid split into exact sums and shared nodes); None otherwise."""
   if (validation.is_concrete((q, sigma, t, delta)) or not validation.is_concrete(grid)
-      or not refine_order or grid.shape[0] < 2 or q.shape[0] > _BINNED_PHASES
-      or sampled_gaussian.order_split(grid) is None):
+      or not refine_order or grid.shape[0] < 2 or sampled_gaussian.order_split(grid) is None):
     return None
   return tuple(float(a) for a in np.asarray(grid)), np.dtype(grid.dtype).name
 
@@ -274,26 +273,40 @@ def _search_arguments(spec):
   return grid, sampled_gaussian.order_split(grid), (tables, order_search.grid_brackets(grid)), steps
 
 
+def _spec_search(q, sigma, t, delta, spec, wanted=None):
+  """:func:`_grid_search` on the grid of ``spec`` (:func:`_traced_search`), or
+  :func:`_binned_search` on it sorted for schedules of more than _BINNED_PHASES phases."""
+  if q.shape[0] <= _BINNED_PHASES:
+    grid, split, tables, steps = _search_arguments(spec)
+    return _grid_search(q, sigma, t, delta, grid, split, tables, steps, wanted=wanted)
+  ascending = np.sort(np.asarray(spec[0], spec[1]))
+  split, tables = _concrete_split(ascending)
+  return _binned_search(q, sigma, t, delta, ascending, split, (tables, grid_ends(ascending)),
+                        _WINDOW_REFINE_STEPS, wanted=wanted)
+
+
 @functools.partial(jax.custom_jvp, nondiff_argnums=(4,))
 def _searched_epsilon(q, sigma, t, delta, spec):
-  """ε of :func:`_grid_search` on the grid of ``spec`` (:func:`_traced_search`), with its
+  """ε of :func:`_spec_search` on the grid of ``spec`` (:func:`_traced_search`), with its
   envelope derivative taken in the same loop (one copy of the kernel in a derivative's
   graph: the search's, carrying the derivative along the wanted directions)."""
-  grid, split, tables, steps = _search_arguments(spec)
-  return _grid_search(q, sigma, t, delta, grid, split, tables, steps)[0]
+  return _spec_search(q, sigma, t, delta, spec)[0]
 
 
 def _searched_epsilon_jvp(spec, primals, tangents):
   wanted = tuple(not isinstance(d, jax.custom_derivatives.SymbolicZero) for d in tangents)
-  grid, split, tables, steps = _search_arguments(spec)
   search = lambda *args, **kwargs: loops.of_primals(
-      lambda *a: _grid_search(*a, grid, split, tables, steps, **kwargs))(*args)
+      lambda *a: _spec_search(*a, spec, **kwargs))(*args)
   if not any(wanted):
     eps = search(*primals)[0]
     return eps, jnp.zeros_like(eps)
-  if wanted[0] or wanted[1]:
+  # In the search's loop: a short schedule's derivatives along q or σ (T or δ only need no
+  # derivative of the RDP); a long schedule's unless along q, which costs each of its windows
+  # ~60 % more than the values (the derivative along σ ~12 %, about the one pass at the order
+  # found that it saves; 10,000 phases). Otherwise the gradient at the order found.
+  if wanted[0] or wanted[1] if primals[0].shape[0] <= _BINNED_PHASES else not wanted[0]:
     eps, _, grads = search(*primals, wanted=wanted)
-  else:   # T or δ only: no derivative of the RDP, the gradient at the order found
+  else:
     eps, best = search(*primals)
     grads = loops.of_primals(lambda *a: _epsilon_gradient(*a, wanted=wanted))(best, *primals)
   pairs = tuple((g, d) for g, d, w in zip(grads, tangents, wanted) if w)
@@ -462,20 +475,6 @@ _log_j_levels`), and one more step evaluates the optimal order found (a derivati
   if not directions:
     return result
   return result + (_search_gradient(result[1], q, sigma, t, delta, out[2], out[3], wanted),)
-
-
-def _search_gradient(best, q, sigma, t, delta, rdp, d_rdp, wanted):
-  """d ε / d(q, σ, T, δ) at the order ``best`` from T·RDP per phase there and its derivatives
-  along the ``wanted`` directions (as :func:`jaxrdp.accounting.envelope._epsilon_gradient`):
-  zero where no order is usable, NaN where a value was not certified."""
-  usable = jnp.isfinite(best) & (best > 1)
-  live = t > 0
-  per_step = lambda v: jnp.where(live, v / jnp.where(live, t, 1.0), 0.0)
-  d_rdp = iter(d_rdp)
-  zero = jnp.zeros_like(q)
-  d_q, d_sigma = (per_step(next(d_rdp)) if w else zero for w in wanted[:2])
-  return _masked(usable, jnp.all(jnp.isfinite(rdp) | ~live),
-                 _chain(jnp.where(usable, best, 2.0), t, delta, per_step(rdp), d_q, d_sigma))
 
 
 def _concrete_epsilon(q, sigma, t, delta, grid, refine_order):

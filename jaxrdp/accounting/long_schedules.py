@@ -23,6 +23,7 @@ from jaxrdp._internal import loops
 from jaxrdp._internal import validation
 from jaxrdp.accounting import composition
 from jaxrdp.accounting import order_search
+from jaxrdp.accounting.envelope import _rdp_and_derivatives, _search_gradient
 from jaxrdp.accounting.conversion import composed_epsilons as _composed_epsilons
 from jaxrdp.accounting.conversion import epsilon_at_orders
 from jaxrdp.mechanisms import sampled_gaussian
@@ -71,8 +72,8 @@ def _phase_bins(q, sigma, t):
   return q_pairs, s_pairs, jnp.concatenate([steps, steps, steps])
 
 
-@functools.partial(compilation.jit, static_argnames=("split", "refine_steps"))
-def _binned_search(q, sigma, t, delta, grid, split, tables, refine_steps):
+@functools.partial(compilation.jit, static_argnames=("split", "refine_steps", "wanted"))
+def _binned_search(q, sigma, t, delta, grid, split, tables, refine_steps, wanted=None):
   """(ε, its order) of a long traced schedule on a concrete grid, in static shapes.
 
   The bounds of :func:`_phase_bins` give an upper and a lower bound of ε at every grid order
@@ -84,7 +85,8 @@ def _binned_search(q, sigma, t, delta, grid, split, tables, refine_steps):
   order (:mod:`jaxrdp.accounting.order_search`'s rules). Every order left out has a lower
   bound at least the ε returned, and every ε returned is ε at an evaluated order. With
   ``refine_steps`` > 0 the search is :func:`_windowed_search` instead (a third pair per bin
-  stands for its phases; no bounds)."""
+  stands for its phases; no bounds), which with ``wanted`` (static) also returns the
+  partial derivatives d ε / d(q, σ, T, δ) that it names (:func:`_windowed_search`)."""
   grid = jnp.asarray(grid)
   tables, ends = tables   # the kernel's tables; grid_ends of the grid
   bq, bs, bt = _phase_bins(q, sigma, t)
@@ -92,7 +94,7 @@ def _binned_search(q, sigma, t, delta, grid, split, tables, refine_steps):
     bq, bs, bt = (v[2 * _BOUND_BINS:] for v in (bq, bs, bt))
     rdp = composition.rdp_of_steps(bq, bs, bt, grid, split, tables, fallback=False)[0]
     return _windowed_search(q, sigma, t, delta, grid, jnp.sum(rdp, axis=0), refine_steps,
-                            ends)
+                            ends, wanted)
   rdp, pending = composition.rdp_of_steps(bq[:2 * _BOUND_BINS], bs[:2 * _BOUND_BINS],
                                           bt[:2 * _BOUND_BINS], grid, split, tables,
                                           fallback=False)
@@ -205,7 +207,7 @@ def grid_ends(grid):
   return order_search.grid_brackets(grid) + (low, high)
 
 
-def _windowed_search(q, sigma, t, delta, grid, standin, windows, ends):
+def _windowed_search(q, sigma, t, delta, grid, standin, windows, ends, wanted=None):
   """(ε, its order) of a long schedule, refined continuously in windows of _PROBES orders
   each, every window one evaluation of every phase (one group of shared nodes).
 
@@ -222,7 +224,14 @@ def _windowed_search(q, sigma, t, delta, grid, standin, windows, ends):
   unimodal in α around the optimum, the grid's smallest value lies at one of the grid
   neighbours of the optimal order, and the result is below both to within the windows'
   resolution (measured: within 1e-9 of the full grid search's refined ε and never above the
-  grid's minimum, tests/test_accounting.py, tests/test_traced_path.py)."""
+  grid's minimum, tests/test_accounting.py, tests/test_traced_path.py).
+
+  ``wanted`` (static): which of the partial derivatives d ε / d(q, σ, T, δ) to return as well
+  (the envelope theorem's, at the order found), taken in the same loop: every window is
+  evaluated with the derivatives of every phase's RDP along the wanted directions (the nested
+  grids carry them in the same pass), and those at the best order so far are carried, so a
+  derivative's graph holds one copy of the kernel, not a second pass of every phase at the
+  order found (jax.jit(jax.value_and_grad) of ε, 10,000 phases: 180 -> 1xx kernels)."""
   dtype = grid.dtype
   usable = jnp.isfinite(grid) & (grid > 1)
   estimate = _composed_epsilons(grid, standin[None], delta)
@@ -232,9 +241,18 @@ def _windowed_search(q, sigma, t, delta, grid, standin, windows, ends):
   lo_of, hi_of, low, high = (jnp.asarray(v) for v in ends)   # (NumPy where inlined)
   offsets = np.arange(_PROBES) - 3
   probes = sampled_gaussian.OrderSplit(None, (tuple(range(_PROBES)),))
+  directions = [i for i in (0, 1) if wanted and wanted[i]]
+
+  def evaluate(orders, phases):   # T·RDP (n, _PROBES); with ``wanted``, its derivatives
+    rdp_of = lambda q_, s_, t_: composition.rdp_of_steps(q_, s_, t_, orders, probes, None,
+                                                         fallback=False)[0]
+    if directions:
+      return _rdp_and_derivatives(rdp_of, *phases, wanted)
+    r = rdp_of(*phases)
+    return r, jnp.zeros((0,) + r.shape, r.dtype)   # (T or δ only: no derivative of the RDP)
 
   def body(state):
-    best, alpha, window, spacing, step, placed = state
+    (best, alpha, window, spacing, step, placed), at_best = state[:6], state[6:]
     # The centre from the window the step before left (the first: the stand-in's, at the
     # grid), here rather than at the end of that step: the model is then one copy in the
     # graph, in the loop, and the last step does not place a window no step evaluates.
@@ -242,27 +260,34 @@ def _windowed_search(q, sigma, t, delta, grid, standin, windows, ends):
     orders = jnp.clip(centre + offsets.astype(dtype) * spacing, low, high)
     nearest = grid[jnp.argmin(jnp.where(usable, jnp.abs(grid - centre), jnp.inf))]
     orders = jnp.sort(jnp.where((placed > 0) & (offsets == _PROBES - 4), nearest, orders))
-    r = composition.rdp_of_steps(*loops.in_body((q, sigma, t), step), orders, probes, None,
-                                 fallback=False)[0]   # (as in _binned_search)
+    r, d_r = evaluate(orders, loops.in_body((q, sigma, t), step))   # (as in _binned_search)
     eps = _composed_epsilons(orders, r, delta)
     j = jnp.argmin(eps)
     better = eps[j] < best
+    if wanted:   # T·RDP and its derivatives at the best order so far
+      at_best = (jnp.where(better, r[:, j], at_best[0]), jnp.where(better, d_r[:, :, j], at_best[1]))
     best, alpha = jnp.where(better, eps[j], best), jnp.where(better, orders[j], alpha)
     window = _window_of(orders, jnp.sum(r, axis=0), j)
     ok = (window[-1] > 0) & jnp.isfinite(eps[j])
     window = jnp.where(np.arange(window.shape[0]) == window.shape[0] - 1,
                        ok.astype(dtype), window)
     spacing = jnp.where(ok, spacing / _SHRINK, 2 * spacing)
-    return best, alpha, window, spacing, step + 1, placed + ok.astype(jnp.int32)
+    return (best, alpha, window, spacing, step + 1, placed + ok.astype(jnp.int32)) + at_best
 
   one, zero = jnp.ones((), dtype), jnp.zeros((), jnp.int32)
   i = jnp.argmin(masked)
   lo, hi = lo_of[i], hi_of[i]   # order_search.bracket_of(grid, usable, grid[i])
   state = (jnp.inf * one, jnp.nan * one, _window_of(grid, standin, i), (hi - lo) / 8, zero,
            zero)
+  if wanted:   # placeholders until a window has a finite ε (none: no usable order)
+    state += (sigma, jnp.broadcast_to(sigma, (len(directions),) + sigma.shape))
   # ``windows`` windows with the best order inside (at most _MAX_WALK others).
-  best, alpha, *_ = loops.while_loop(lambda s: (s[-1] < windows) & (s[-2] < windows + _MAX_WALK),
-                                     body, state, batched_as=(q, sigma, t, delta))
+  out = loops.while_loop(lambda s: (s[5] < windows) & (s[4] < windows + _MAX_WALK),
+                         body, state, batched_as=(q, sigma, t, delta))
+  best, alpha = out[:2]
   eps = jnp.where(validation.in_domain("delta", delta), best, jnp.nan)
   found = jnp.isfinite(alpha) & (alpha > 1) & jnp.isfinite(best)
-  return eps, jnp.where(found, alpha, jnp.nan)
+  result = eps, jnp.where(found, alpha, jnp.nan)
+  if not wanted:
+    return result
+  return result + (_search_gradient(result[1], q, sigma, t, delta, *out[6:], wanted),)
