@@ -437,18 +437,22 @@ _log_j_levels`), and one more step evaluates the optimal order found (a derivati
     state, row_eps, *last = carry
     row = state.step
     filling = row < n_rows
-    at_row = jnp.minimum(row, n_rows - 1)
     inside = order_search.refinement_orders(*state.bracket, count=width)
     searching = state.go   # else: the extra step at the optimal order (with ``wanted``)
-    alphas = jnp.where(filling, rows[at_row], inside)
+    # The row's index as it is (never negative): a row past the last (refinement steps) is
+    # clamped by the slice, whose result is then not used; a clamp or a wrap of negative
+    # indices (jnp's indexing, lax's default) was a kernel of its own.
+    alphas = jnp.where(filling, lax.dynamic_index_in_dim(rows, row, keepdims=False,
+                                                         allow_negative_indices=False), inside)
     if directions:
       alphas = jnp.where(searching, alphas, jnp.where(jnp.isfinite(state.order), state.order,
                                                       2.0))
     # The schedule through a barrier with the step (loops.in_body): what the step computes
     # from it alone stays in the body's kernels (δ, often a constant, stays one).
     eps, rdp, d_rdp = evaluate(alphas, loops.in_body((q, sigma, t), row) + (delta,))
-    new_eps = jnp.where(filling, lax.dynamic_update_index_in_dim(row_eps, eps, at_row, 0),
-                        row_eps)
+    # The row's values put in place by a select over the rows: under jax.vmap, where the step
+    # is batched, a dynamic update is a scatter (five kernels); past the last row, none is hit.
+    new_eps = jnp.where(np.arange(n_rows)[:, None] == row, eps, row_eps)
     new = order_search.search_update(state, jnp.concatenate([at_grid(new_eps), eps]),
                                      jnp.zeros(k + width, bool), grid, refine_steps, jnp,
                                      brackets, n_rows, active=searching if directions else True)

@@ -282,9 +282,12 @@ def search_update(state, eps, pending, grid, refine_steps, xp, brackets, grid_st
   k = grid.shape[0]
   usable = xp.isfinite(grid) & (grid > 1)
   inside = refinement_orders(lo, hi, xp, count=eps.shape[0] - k)
-  i = xp.argmin(eps[:k])
   eps_new = eps[k:]
-  j = xp.argmin(eps_new)
+  # The best grid order and the best refinement order as one reduction (in a graph one kernel,
+  # not two): each row padded with +inf to the longer (argmin keeps the first of equal values).
+  m = max(k, eps_new.shape[0])
+  pad = lambda v: xp.concatenate([v, xp.full((m - v.shape[0],), xp.inf, v.dtype)])
+  i, j = xp.argmin(xp.stack([pad(eps[:k]), pad(eps_new)]), axis=1)
   filling = step < grid_steps - 1
   better = (eps_new[j] < best) & (step >= grid_steps)
   first = step == grid_steps - 1
