@@ -435,7 +435,7 @@ _log_j_levels`), and one more step evaluates the optimal order found (a derivati
 
   def step(carry):
     state, row_eps, *last = carry
-    row = state.step
+    row = state.step.astype(np.int32)
     filling = row < n_rows
     inside = order_search.refinement_orders(*state.bracket, count=width)
     searching = state.go   # else: the extra step at the optimal order (with ``wanted``)

@@ -229,13 +229,16 @@ def grid_epsilon(composed_rdp, grid, delta, *, refine_steps=0, initial=None,
 
 
 class SearchState(NamedTuple):
-  """The order search's state (:func:`search_update`). The four floats are one array: in a
-  loop their update is then one kernel, not four (XLA compiles each kernel on its own, ~10 ms
-  apiece however small)."""
-  step: Any       # int32: steps taken
-  values: Any     # (best ε, its order, the bracket's lo, hi), float
+  """The order search's state (:func:`search_update`). The floats and the step count are one
+  array: in a loop their update is then one kernel, not five (XLA compiles each kernel on its
+  own, ~10 ms apiece however small; the count's increment alone was one)."""
+  values: Any     # (best ε, its order, the bracket's lo, hi, steps taken), float
   is_open: Any    # bool: a value that could matter was left open
   go: Any         # bool: another step is due
+
+  @property
+  def step(self):   # a whole number (exact in float32 up to 2^24 steps), as a float
+    return self.values[4]
 
   @property
   def best(self):
@@ -276,7 +279,7 @@ def search_update(state, eps, pending, grid, refine_steps, xp, brackets, grid_st
   step leaves the result (best ε, its order, the open flag) as it was and ends the search, in
   the same kernels as the update (a step after the search's end, :func:`_grid_search`'s
   evaluation of the optimal order with its derivatives)."""
-  step, values, is_open, _ = state
+  step, is_open = state.step, state.is_open
   best, best_alpha = state.best, state.order
   lo, hi = state.bracket
   k = grid.shape[0]
@@ -293,24 +296,24 @@ def search_update(state, eps, pending, grid, refine_steps, xp, brackets, grid_st
   first = step == grid_steps - 1
   start = (brackets[0][i], brackets[1][i])   # bracket_of(grid, usable, grid[i])
   new = refined_bracket(lo, hi, inside, eps_new, xp, best=j)
-  values = xp.where(first, xp.stack([eps[i], grid[i], *start]),
+  values = xp.where(first, xp.stack([eps[i], grid[i], *start, step + 1]),
                     xp.stack([xp.where(better, eps_new[j], best),
-                              xp.where(better, inside[j], best_alpha), *new]))
+                              xp.where(better, inside[j], best_alpha), *new, step + 1]))
   opened = xp.where(first, xp.any(pending[:k]), xp.any(pending[k:]))
-  if active is not True:
-    values = xp.where(active, values, state.values)
+  if active is not True:   # (the step is counted either way)
+    values = xp.where(active | (np.arange(5) == 4), values, state.values)
     opened = opened & active
   best, best_alpha = values[0], values[1]
   is_open = is_open | opened
   refinable = xp.isfinite(best) & xp.isfinite(best_alpha) & (best_alpha > 1) & xp.any(usable)
   go = filling | ((step - (grid_steps - 1) < refine_steps) & refinable)
-  return SearchState(step + 1, values, is_open, go & active)
+  return SearchState(values, is_open, go & active)
 
 
 def search_start(dtype):
   """The search's state before its first step: no best order yet (ε = +inf, order NaN)."""
-  return SearchState(np.zeros((), np.int32), np.array([np.inf, np.nan, 1.0, 1.0], dtype),
-                      np.zeros((), bool), np.ones((), bool))
+  return SearchState(np.array([np.inf, np.nan, 1.0, 1.0, 0.0], dtype), np.zeros((), bool),
+                     np.ones((), bool))
 
 
 def search_result(state, delta, xp):
