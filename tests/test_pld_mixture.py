@@ -110,7 +110,11 @@ def test_every_case_is_never_below_the_prv_accountants_lower_bound():
 def test_stored_dp_accounting_values_are_the_installed_ones(case):
   pytest.importorskip("dp_accounting")
   fresh = load_script("tools/make_peer_references.py").mixture_epsilon(case["sigma"], case["c"], case["p"], case["steps"], case["delta"])
-  assert fresh == pytest.approx(case["epsilon"], rel=1e-12)
+  # dp_accounting's PLD composes by FFT convolution, whose last digits depend on the machine
+  # and its libraries: this machine's values are up to 1.8e-8 (relative) from the stored ones
+  # (same dp_accounting 0.6.0; deterministic on each). Far below what the stored values serve
+  # for (jaxrdp within 1 % above them), far above a float64 rounding.
+  assert fresh == pytest.approx(case["epsilon"], rel=1e-7)
 
 
 def test_two_components_are_poisson_sampling():

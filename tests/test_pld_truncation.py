@@ -117,7 +117,11 @@ def test_stored_dp_accounting_values_are_the_installed_ones(case):
   pytest.importorskip("dp_accounting")
   fresh = load_script("tools/make_peer_references.py").truncated_poisson_epsilon(
       *(case[k] for k in ("dataset_size", "max_batch_size", "q", "sigma", "steps", "delta")))
-  assert fresh == pytest.approx(case["epsilon"], rel=1e-12)
+  # dp_accounting's PLD composes by FFT convolution, whose last digits depend on the machine
+  # and its libraries: this machine's values are up to 1.8e-8 (relative) from the stored ones
+  # (same dp_accounting 0.6.0; deterministic on each). Far below what the stored values serve
+  # for (jaxrdp within 1 % above them), far above a float64 rounding.
+  assert fresh == pytest.approx(case["epsilon"], rel=1e-7)
 
 
 def test_no_truncation_is_poisson():

@@ -20,14 +20,13 @@ from jaxrdp._internal import loops
 
 class _BoundaryState(NamedTuple):
   """The state of :func:`_safe_boundary` (the carry of its loop): scalars, jax.numpy in a
-  graph, NumPy on the host (:func:`_host_boundary`). Its five floats are one array: in a loop
-  their update is then one kernel, not five (XLA compiles each kernel on its own, ~10 ms
-  apiece however small)."""
-  bounds: Any    # (low, high, f_lo, f_hi, value), below
-  side: Any      # which end moved last: -1 hi, 1 lo, 0 neither yet (int32)
+  graph, NumPy on the host (:func:`_host_boundary`). Its five floats, the last end moved and
+  the count are one array: in a loop their update is then one kernel, not seven (XLA compiles
+  each kernel on its own, ~10 ms apiece however small; the count's increment and the side's
+  conversion were one each)."""
+  bounds: Any    # (low, high, f_lo, f_hi, value, side, count), below
   done: Any      # the search has stopped
   found: Any     # some point had g <= 0 (hi is finite)
-  count: Any     # evaluations of g so far (int32)
   is_open: Any   # some evaluation used a value left open
 
   @property
@@ -49,6 +48,14 @@ class _BoundaryState(NamedTuple):
   @property
   def value(self):  # what g returned with its value at high (NaN until hi is finite)
     return self.bounds[4]
+
+  @property
+  def side(self):   # which end moved last: -1 hi, 1 lo, 0 neither yet (whole, as a float)
+    return self.bounds[5]
+
+  @property
+  def count(self):  # evaluations of g so far (whole, as a float: exact in float32 too)
+    return self.bounds[6]
 
 
 def _safe_boundary(g, s0, s_min, s_max, batched_as=(), with_value=False):
@@ -89,9 +96,9 @@ _BOUNDARY_STEPS = 200
 
 def _boundary_start(dtype):
   """The state of :func:`_safe_boundary` before its first step (:class:`_BoundaryState`)."""
-  false, zero = np.asarray(False), np.asarray(0, np.int32)
-  return _BoundaryState(bounds=np.array([-np.inf, np.inf, np.inf, -np.inf, np.nan], dtype),
-                        side=zero, done=false, found=false, count=zero, is_open=false)
+  false = np.asarray(False)
+  return _BoundaryState(bounds=np.array([-np.inf, np.inf, np.inf, -np.inf, np.nan, 0, 0], dtype),
+                        done=false, found=false, is_open=false)
 
 
 def _boundary_point(state, s0, s_min, s_max, xp):
@@ -130,11 +137,11 @@ def _boundary_update(state, x, gx, open_x, s_min, s_max, xp, value=None):
   found = xp.isfinite(hi)
   done = ((~ok & (x >= s_max)) | (ok & (x <= s_min))
           | (xp.isfinite(lo) & found & (hi - lo < _bracket_tolerance(hi, xp))))
-  side = xp.where(ok, -1, 1).astype(np.int32)
+  side = xp.where(ok, -1, 1).astype(lo.dtype)
   kept = state.value if value is None else xp.where(ok, value, state.value).astype(lo.dtype)
-  return _BoundaryState(bounds=xp.stack([lo, hi, new_f_lo, new_f_hi, kept]), side=side,
-                        done=done, found=found, count=state.count + 1,
-                        is_open=state.is_open | open_x)
+  return _BoundaryState(bounds=xp.stack([lo, hi, new_f_lo, new_f_hi, kept, side,
+                                         state.count + 1]),
+                        done=done, found=found, is_open=state.is_open | open_x)
 
 
 def _host_boundary(g, s0, s_min, s_max, dtype):
