@@ -132,3 +132,35 @@ def test_the_garbage_collector_is_paused_while_compiling_and_restored(monkeypatc
     assert seen == [False] and not gc.isenabled()
   finally:
     gc.enable()
+
+
+def test_the_garbage_collector_is_paused_while_an_entry_point_is_traced_in_a_users_jit(
+    monkeypatch):
+  # Inside a user's jax.jit (and jax.vmap) an entry point's body is traced with the collector
+  # off as well, then it is restored: on if it was on, off if the user had switched it off.
+  import gc
+
+  import jax
+  import numpy as np
+
+  from jaxrdp._internal import compilation
+  monkeypatch.setattr(compilation, "_other_threads", lambda: False)
+  seen = []
+
+  def traced(v):
+    seen.append(gc.isenabled())
+    return v + 1.0
+
+  f = compilation.jit(traced)
+  x = np.arange(2.0)
+  assert gc.isenabled()
+  np.testing.assert_array_equal(np.asarray(jax.jit(lambda v: f(v) * 2.0)(x)), [2.0, 4.0])
+  assert seen == [False] and gc.isenabled()
+  np.testing.assert_array_equal(np.asarray(jax.vmap(f)(x)), [1.0, 2.0])
+  assert seen == [False, False] and gc.isenabled()
+  gc.disable()
+  try:
+    jax.jit(lambda v: f(v) * 3.0)(np.arange(3.0))   # a new shape: traced again
+    assert seen == [False, False, False] and not gc.isenabled()
+  finally:
+    gc.enable()

@@ -269,8 +269,9 @@ _gc_resume = False             # whether the collector was on when the first of 
 
 @contextlib.contextmanager
 def _gc_paused():
-  """Python's cyclic garbage collector off while a program is traced, lowered and compiled,
-  as it was before afterwards. Tracing allocates hundreds of thousands of short-lived objects,
+  """Python's cyclic garbage collector off while a program is traced, lowered and compiled
+  (and while an entry point is traced inside a user's ``jax.jit`` or ``jax.vmap``), as it was
+  before afterwards. Tracing allocates hundreds of thousands of short-lived objects,
   and with JAX's imported modules on the heap each full collection they trigger takes ~50-60 ms
   (one or two per first call of a jaxrdp entry point: ~7 % of it). Nothing is left
   uncollected: the collector runs again, as usual, once it is back on; reference counting
@@ -398,10 +399,11 @@ def jit(fun=None, *, static_argnames=(), work=None):
         # then batched, and a kernel with a batching rule (see jaxrdp.mechanisms.sampled_gaussian) would
         # be traced a second time by its rule. Inlined, only the rule traces it; the
         # enclosing trace compiles it all the same.
-        return inlined(*args, **kwargs)
+        with _gc_paused():
+          return inlined(*args, **kwargs)
       # A real nested jit (inside another entry point's trace, where jit is disabled): its
       # jaxpr is traced once per signature and reused by every program that calls it.
-      with jax.disable_jit(False):
+      with jax.disable_jit(False), _gc_paused():
         return plain(*args, **kwargs)
     if jax.config.jax_disable_jit:
       # A user's jax.disable_jit(): the body runs op by op, as any JAX function would (its

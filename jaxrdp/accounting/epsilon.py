@@ -473,8 +473,10 @@ _log_j_levels`), and one more step evaluates the optimal order found (a derivati
     d_shape = (len(directions),) + q.shape
     carry += (sigma, sigma[None] if d_shape[0] == 1 else jnp.zeros(d_shape, q.dtype),
               jnp.zeros((), bool))
-  out = loops.while_loop(lambda c: c[0].go | (bool(directions) and ~c[-1]), step, carry,
-                         batched_as=(q, sigma, t, delta))
+  # The condition also reads the state's floats (the step count, never negative): a
+  # condition on one scalar costs compile time (:func:`jaxrdp._internal.loops.while_loop`).
+  cond = lambda c: c[0].go | (c[0].step < 0) | (bool(directions) and ~c[-1])
+  out = loops.while_loop(cond, step, carry, batched_as=(q, sigma, t, delta))
   result = order_search.search_result(out[0], delta, jnp)[:2]
   if not directions:
     return result

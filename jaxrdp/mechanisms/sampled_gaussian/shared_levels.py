@@ -316,7 +316,9 @@ def _log_j_levels(q, sigma, orders, tangents=None):
     left = left - jnp.sum(valid & finished, dtype=np.int32)
     return packed.at[idx, width:].set(out, mode="drop"), left   # out-of-range writes are dropped
 
-  packed, _ = loops.while_loop(lambda c: c[1] > 0, body, (packed, np.int32(r)))
+  # The count has shape (1,), not (): a condition on a scalar costs compile time
+  # (:func:`jaxrdp._internal.loops.while_loop`).
+  packed, _ = loops.while_loop(lambda c: c[1][0] > 0, body, (packed, np.full(1, r, np.int32)))
   log_j = cell(packed[:, width:], 7)
   if not with_tangent:
     return log_j
