@@ -51,3 +51,11 @@ def test_the_recorder_reads_jax_s_messages_and_the_report_counts_repeated_progra
   assert "compilations: 5; of a program the same process had compiled before: 2 (" in text
   assert "programs compiled in more than one process: 1" in text
   assert text.index("test_y.py") < text.index("test_x.py")   # longest first
+  # The same sums as figures (what --save writes for the performance page).
+  s = profile.summary(tmp_path)
+  assert s["processes"] == ["gw0", "gw1"] and s["tests"] == 2 and s["wall_s"] == 30.0
+  assert s["compilations"] == 5 and s["repeated_compilations"] == 2
+  assert s["programs_in_several_processes"] == 1
+  assert [name for name, _ in s["files"]] == ["test_y.py", "test_x.py"]
+  assert s["files"][0][1]["compile"] == 9.0
+  assert profile.summary(tmp_path / "empty") is None

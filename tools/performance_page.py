@@ -566,7 +566,28 @@ def gpu(r: dict) -> str:
                  rows))
 
 
-RENDER = {"bench_user_jit": user_jit, "bench_latency": latency, "bench_rdp_curve": rdp_curve,
+def suite(r: dict) -> str:
+  f = r["figures"]
+  cores = r["machine"]["cores"]
+  jax_s = f["compile_s"] + f["lower_s"] + f["trace_s"]
+  text = [f"`tools/suite_profile.py` runs the README's test command (`python -m pytest -q`: "
+          f"{_of(len(f['processes']), 'worker process')}, one test file each at a time) with a "
+          f"recorder of JAX's own timings in every process. The run took {_t(f['run_s'])} "
+          f"for {f['tests']:,} tests (the goal: {_goal(f['run_s'], f['goal_run_s'])}); its processes spent {_t(f['wall_s'])} in the tests, of which "
+          f"XLA compiled {f['compilations']:,} programs in {_t(f['compile_s'])} "
+          f"({100 * f['compile_s'] / f['wall_s']:.0f} %), lowering took {_t(f['lower_s'])}, "
+          f"tracing {_t(f['trace_s'])}, and the rest (running, Python, the child processes of "
+          f"the CLI, example, packaging and multi-process tests) "
+          f"{_t(f['wall_s'] - jax_s)}. On {_of(cores, 'core')}, XLA's compilations alone take "
+          f"at least {_t(f['compile_s'] / cores)} of the run; the same work spread over four "
+          f"would take about {_t(f['wall_s'] / 4)}. The test files that take longest:", ""]
+  rows = [[f"`{name}`", _t(t["wall"]), _t(t["compile"]), _t(t["lower"]), _t(t["trace"])]
+          for name, t in f["files"][:10]]
+  text.append(_table(["file", "time", "XLA compiling", "lowering", "tracing"], rows))
+  return "\n".join(text)
+
+
+RENDER = {"bench_user_jit": user_jit, "suite_profile": suite, "bench_latency": latency, "bench_rdp_curve": rdp_curve,
           "bench_accounting": accounting, "bench_transform": transform, "bench_pld": pld_,
           "bench_sweep": sweep, "bench_scale": scale, "bench_gpu": gpu,
           "bench_samplers": samplers, "bench_sweep_output": sweep_output,
@@ -596,6 +617,7 @@ SECTIONS = [
     ("### `jaxrdp.sweep`", "bench_sweep"),
     ("### Bounded memory", "bench_scale"),
     ("### Sweeps written as they go", "bench_sweep_output"),
+    ("## The test suite", "suite_profile"),
 ]
 
 

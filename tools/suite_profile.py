@@ -7,6 +7,8 @@ Usage:
 
     python tools/suite_profile.py [pytest arguments]   # run the suite with the recorder, report
     python tools/suite_profile.py --report DIR          # report an earlier run's records again
+    python tools/suite_profile.py --save                # also write the run's figures to
+                                                        # benchmarks/results/suite_profile.json
 
 The suite runs as the README's test command runs it (``python -m pytest -q`` plus the arguments
 given), with this file loaded as a pytest plugin (``-p suite_profile``) in every process,
@@ -15,7 +17,9 @@ xdist workers included; each writes its records to ``DIR/<worker>.json`` (``DIR`
 ("Finished tracing ...", "Finished jaxpr to MLIR module conversion ...", "Finished XLA
 compilation of ... in ... sec"); a JAX whose messages read otherwise records no JAX time (the
 report says so). Child processes that tests start are not recorded: their time counts as the
-test's own (``rest`` below).
+test's own (``rest`` below). With ``--save`` (or ``--json PATH``) the figures of a run that
+passed are written with the run's metadata (``benchmarks/_results.py``), for the performance
+page: the run's wall time against the issues' goal of 7 minutes, and where it goes.
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ import tempfile
 import time
 
 import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "benchmarks"))
+import _results  # noqa: E402  (benchmarks/_results.py: --json, --save and the run's metadata)
 
 _DIR_VARIABLE = "JAXRDP_SUITE_PROFILE_DIR"
 _LOGGERS = ("jax._src.dispatch", "jax._src.interpreters.pxla", "jax._src.pjit", "jax._src.compiler")
@@ -97,12 +104,14 @@ def pytest_sessionfinish(session):
 # The report.
 
 
-def report(directory: pathlib.Path, top: int = 25) -> str:
-  """The report of the records in ``directory`` (one JSON file per process)."""
+def summary(directory: pathlib.Path) -> dict | None:
+  """The records in ``directory`` (one JSON file per process) summed: the run's totals (s),
+  its compilations, and per file and per test their wall, compile, lower and trace times (s);
+  None where no process recorded a test."""
   workers = {p.stem: json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))}
   workers = {k: v for k, v in workers.items() if v}   # (xdist's controller runs no test)
   if not workers:
-    return f"no records in {directory}"
+    return None
   per_test = collections.defaultdict(collections.Counter)
   totals, compiles, repeats, seen_anywhere = collections.Counter(), 0, [0, 0.0], {}
   for worker, records in workers.items():
@@ -119,19 +128,38 @@ def report(directory: pathlib.Path, top: int = 25) -> str:
       elif key:
         seen.add(key)
         seen_anywhere.setdefault(key, set()).add(worker)
-  across = sum(1 for w in seen_anywhere.values() if len(w) > 1)
-  jax_time = totals["compile"] + totals["lower"] + totals["trace"]
+  per_file = collections.defaultdict(collections.Counter)
+  for test, c in per_test.items():
+    per_file[test.split("::")[0].removeprefix("tests/")].update(c)
+  times = lambda c: {k: c[k] for k in ("wall", "compile", "lower", "trace")}
+  ranked = lambda table: sorted(((name, times(c)) for name, c in table.items()),
+                                key=lambda kv: -kv[1]["wall"])
+  return {"processes": sorted(workers), "tests": sum(1 for t in per_test if t != "(collection)"),
+          **{f"{k}_s": totals[k] for k in ("wall", "compile", "lower", "trace")},
+          "compilations": compiles, "repeated_compilations": repeats[0],
+          "repeated_compilation_s": repeats[1],
+          "programs_in_several_processes": sum(1 for w in seen_anywhere.values() if len(w) > 1),
+          "files": ranked(per_file),
+          "tests_by_time": [(name.removeprefix("tests/"), t) for name, t in ranked(per_test)]}
+
+
+def report(directory: pathlib.Path, top: int = 25) -> str:
+  """The report of the records in ``directory`` (one JSON file per process)."""
+  s = summary(directory)
+  if s is None:
+    return f"no records in {directory}"
+  jax_time = s["compile_s"] + s["lower_s"] + s["trace_s"]
   lines = [
-      f"processes: {len(workers)} ({', '.join(workers)})",
-      f"tests: {sum(1 for t in per_test if t != '(collection)')}; summed wall time "
-      f"{totals['wall']:.0f} s "
+      f"processes: {len(s['processes'])} ({', '.join(s['processes'])})",
+      f"tests: {s['tests']}; summed wall time {s['wall_s']:.0f} s "
       f"(with N processes in parallel the run takes about this / N)",
-      f"XLA compilation {totals['compile']:.0f} s "
-      f"({100 * totals['compile'] / totals['wall']:.0f} %), "
-      f"lowering {totals['lower']:.0f} s, tracing {totals['trace']:.0f} s, "
-      f"the rest (running, Python, child processes) {totals['wall'] - jax_time:.0f} s",
-      f"compilations: {compiles}; of a program the same process had compiled before: "
-      f"{repeats[0]} ({repeats[1]:.0f} s); programs compiled in more than one process: {across}",
+      f"XLA compilation {s['compile_s']:.0f} s "
+      f"({100 * s['compile_s'] / s['wall_s']:.0f} %), "
+      f"lowering {s['lower_s']:.0f} s, tracing {s['trace_s']:.0f} s, "
+      f"the rest (running, Python, child processes) {s['wall_s'] - jax_time:.0f} s",
+      f"compilations: {s['compilations']}; of a program the same process had compiled before: "
+      f"{s['repeated_compilations']} ({s['repeated_compilation_s']:.0f} s); programs compiled "
+      f"in more than one process: {s['programs_in_several_processes']}",
   ]
   if not jax_time:
     lines.append("(no JAX times recorded: this JAX's log messages differ from the patterns here)")
@@ -140,16 +168,12 @@ def report(directory: pathlib.Path, top: int = 25) -> str:
     lines.append("")
     lines.append(f"{title:72s} {'wall':>7s} {'compile':>8s} {'lower':>6s} {'trace':>6s}")
     for name, c in rows[:top]:
-      name = name.removeprefix("tests/")
       name = name if len(name) <= 72 else name[:34] + "…" + name[-37:]
       lines.append(f"{name:72s} {c['wall']:7.1f} {c['compile']:8.1f} {c['lower']:6.1f} "
                    f"{c['trace']:6.1f}")
 
-  per_file = collections.defaultdict(collections.Counter)
-  for test, c in per_test.items():
-    per_file[test.split("::")[0]].update(c)
-  table(sorted(per_file.items(), key=lambda kv: -kv[1]["wall"]), "file")
-  table(sorted(per_test.items(), key=lambda kv: -kv[1]["wall"]), "test")
+  table(s["files"], "file")
+  table(s["tests_by_time"], "test")
   return "\n".join(lines)
 
 
@@ -158,6 +182,7 @@ def main(argv=None):
   parser.add_argument("--report", type=pathlib.Path, help="report this directory's records")
   parser.add_argument("--out", type=pathlib.Path, help="directory for the records")
   parser.add_argument("--top", type=int, default=25, help="rows per table")
+  _results.add_options(parser)
   args, pytest_args = parser.parse_known_args(argv)
   if args.report is not None:
     print(report(args.report, args.top))
@@ -167,11 +192,22 @@ def main(argv=None):
   here = str(pathlib.Path(__file__).resolve().parent)
   env = dict(os.environ, **{_DIR_VARIABLE: str(out)})
   env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))
+  start = time.perf_counter()
   status = subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "suite_profile",
                             *pytest_args], env=env)
+  elapsed = time.perf_counter() - start
   print(report(out, args.top))
   print(f"(records in {out})")
+  s = summary(out)
+  if s is not None and status == 0:   # the figures of a run that passed, and its wall time
+    s["files"], s["tests_by_time"] = s["files"][:args.top], s["tests_by_time"][:args.top]
+    s.update(run_s=elapsed, pytest_arguments=pytest_args, goal_run_s=_GOAL_S)
+    args.out = str(out)
+    _results.write(args, s)
   return status
+
+
+_GOAL_S = 420.0   # the issues' goal for the suite: 7 minutes of pytest time from a clean clone
 
 
 if __name__ == "__main__":
