@@ -21,17 +21,20 @@ from jaxrdp._internal import loops
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "jaxrdp"
 
 
-def _primitives(jaxpr):
-  names = []
+def _equations(jaxpr):
+  """Every equation of ``jaxpr`` and of the jaxprs inside it."""
   for eqn in jaxpr.eqns:
-    names.append(eqn.primitive.name)
+    yield eqn
     for param in eqn.params.values():
       for sub in param if isinstance(param, (list, tuple)) else [param]:
         if isinstance(sub, jax.extend.core.ClosedJaxpr):
-          names += _primitives(sub.jaxpr)
+          yield from _equations(sub.jaxpr)
         elif isinstance(sub, jax.extend.core.Jaxpr):
-          names += _primitives(sub)
-  return names
+          yield from _equations(sub)
+
+
+def _primitives(jaxpr):
+  return [eqn.primitive.name for eqn in _equations(jaxpr)]
 
 
 def test_an_entry_point_traces_without_nested_jits_and_its_loops_stay_loops():
@@ -374,3 +377,34 @@ def test_in_body_keeps_what_a_loop_computes_from_its_parameters_in_the_body():
   out = loops.in_body({"a": jnp.ones(2), "b": (jnp.zeros(3),)}, jnp.int32(1))
   assert jax.tree_util.tree_structure(out) == jax.tree_util.tree_structure(
       {"a": 0, "b": (0,)})
+
+
+def test_long_loops_read_an_array_in_their_conditions():
+  # A loop whose condition reads a single scalar of its state makes XLA extract, in several
+  # passes, all of the body that computes that scalar (its trip-count analysis; ~0.1 s of
+  # jax.jit(dpsgd_epsilon)'s compilation): jaxrdp's long loops read an array, or more than one
+  # value of their state (jaxrdp._internal.loops.while_loop). Checked on the programs of
+  # dpsgd_epsilon, its gradient and a calibration under jax.jit.
+  import jaxrdp
+  programs = [
+      jax.make_jaxpr(lambda s: jaxrdp.dpsgd_epsilon(0.01, s, 1000, 1e-5))(1.1),
+      jax.make_jaxpr(jax.grad(lambda s: jaxrdp.dpsgd_epsilon(0.01, s, 1000, 1e-5)))(1.1),
+      jax.make_jaxpr(lambda e: jaxrdp.calibrate_noise_multiplier(e, 1e-5, 0.01, 1000))(2.0),
+  ]
+  long_loops = 0
+  for closed in programs:
+    for eqn in (e for e in _equations(closed.jaxpr) if e.primitive.name == "while"):
+      body = eqn.params["body_jaxpr"].jaxpr
+      if len(_primitives(body)) < 100:   # a short body costs XLA little to extract
+        continue
+      long_loops += 1
+      cond = eqn.params["cond_jaxpr"].jaxpr
+      carry = cond.invars[eqn.params["cond_nconsts"]:]
+      used = set()
+      for e in cond.eqns:
+        used.update(v for v in e.invars if isinstance(v, jax.extend.core.Var))
+      used.update(v for v in cond.outvars if isinstance(v, jax.extend.core.Var))
+      read = [v for v in carry if v in used]
+      assert len(read) > 1 or any(v.aval.shape != () for v in read), (
+          f"a loop of {len(_primitives(body))} operations stops on one scalar of its state")
+  assert long_loops >= 3   # the nested grids' and the order search's loops at least

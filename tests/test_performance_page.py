@@ -54,7 +54,9 @@ def test_every_json_names_its_run(path):
   record = json.loads(path.read_text(encoding="utf-8"))
   for field in ("benchmark", "command", "date", "machine", "versions", "options", "figures"):
     assert field in record, field
-  assert record["command"].startswith(f"python benchmarks/{record['benchmark']}.py")
+  name = record["benchmark"]   # a benchmark, or a tool that measures (tools/suite_profile.py)
+  assert record["command"].split()[:2] in (["python", f"benchmarks/{name}.py"],
+                                           ["python", f"tools/{name}.py"])
   date = datetime.datetime.strptime(record["date"], "%Y-%m-%dT%H:%M:%SZ")
   assert date.year >= 2025
   for field in ("cpu", "cores", "platform", "python"):

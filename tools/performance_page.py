@@ -579,7 +579,7 @@ def suite(r: dict) -> str:
           f"tracing {_t(f['trace_s'])}, and the rest (running, Python, the child processes of "
           f"the CLI, example, packaging and multi-process tests) "
           f"{_t(f['wall_s'] - jax_s)}. On {_of(cores, 'core')}, XLA's compilations alone take "
-          f"at least {_t(f['compile_s'] / cores)} of the run; the same work spread over four "
+          f"at least {_t(f['compile_s'] / cores)} of the run; the same work spread over four cores "
           f"would take about {_t(f['wall_s'] / 4)}. The test files that take longest:", ""]
   rows = [[f"`{name}`", _t(t["wall"]), _t(t["compile"]), _t(t["lower"]), _t(t["trace"])]
           for name, t in f["files"][:10]]

@@ -87,8 +87,9 @@ def while_loop(cond_fun, body_fun, init_val, *, batched_as=()):
   the body that computes that scalar's next value: in each of several passes (the while-loop
   simplifier, the invariant-code motion, the trip-count annotator), ~0.1 s of the 1.1 s that
   ``jax.jit(dpsgd_epsilon)`` compiles in (jaxlib 0.10). jaxrdp's long loops therefore read an
-  array in their conditions (a count of shape ``(1,)``, the float array of a state), which
-  ends that analysis at the condition."""
+  array in their conditions (a count of shape ``(1,)``, the float array of a state), or two
+  values of the state, which ends that analysis at the condition (a reshaped copy of the
+  scalar does not: XLA merges the two; ``tests/test_loops.py`` checks the long loops)."""
   from jaxrdp._internal import compilation   # (which imports this module)
   leaves = [x for x in jax.tree_util.tree_leaves(batched_as) if compilation.batched(x)]
   if leaves:
