@@ -573,14 +573,14 @@ def suite(r: dict) -> str:
   text = [f"`tools/suite_profile.py` runs the README's test command (`python -m pytest -q`: "
           f"{_of(len(f['processes']), 'worker process')}, one test file each at a time) with a "
           f"recorder of JAX's own timings in every process. The run took {_t(f['run_s'])} "
-          f"for {f['tests']:,} tests (the goal: {_goal(f['run_s'], f['goal_run_s'])}); its processes spent {_t(f['wall_s'])} in the tests, of which "
-          f"XLA compiled {f['compilations']:,} programs in {_t(f['compile_s'])} "
+          f"for {f['tests']:,} tests (the goal: {_goal(f['run_s'], f['goal_run_s'])}); its "
+          f"processes spent {_t(f['wall_s'])} in the tests, of which XLA compiled {f['compilations']:,} programs in {_t(f['compile_s'])} "
           f"({100 * f['compile_s'] / f['wall_s']:.0f} %), lowering took {_t(f['lower_s'])}, "
           f"tracing {_t(f['trace_s'])}, and the rest (running, Python, the child processes of "
           f"the CLI, example, packaging and multi-process tests) "
           f"{_t(f['wall_s'] - jax_s)}. On {_of(cores, 'core')}, XLA's compilations alone take "
-          f"at least {_t(f['compile_s'] / cores)} of the run; the same work spread over four cores "
-          f"would take about {_t(f['wall_s'] / 4)}. The test files that take longest:", ""]
+          f"at least {_t(f['compile_s'] / cores)} of the run; the same work spread over four "
+          f"cores would take about {_t(f['wall_s'] / 4)}. The test files that take longest:", ""]
   rows = [[f"`{name}`", _t(t["wall"]), _t(t["compile"]), _t(t["lower"]), _t(t["trace"])]
           for name, t in f["files"][:10]]
   text.append(_table(["file", "time", "XLA compiling", "lowering", "tracing"], rows))
