@@ -82,14 +82,14 @@ def while_loop(cond_fun, body_fun, init_val, *, batched_as=()):
   turns out batched after a pass, and each pass traces the batching rules of the kernels in
   the body anew (see :mod:`jaxrdp.mechanisms.sampled_gaussian`).
 
-  Compile time: a condition that reads a single scalar of the state (a count, a flag) makes
-  XLA look for an induction variable in it, and then copy out, as a module of its own, all of
-  the body that computes that scalar's next value: in each of several passes (the while-loop
-  simplifier, the invariant-code motion, the trip-count annotator), ~0.1 s of the 1.1 s that
-  ``jax.jit(dpsgd_epsilon)`` compiles in (jaxlib 0.10). jaxrdp's long loops therefore read an
-  array in their conditions (a count of shape ``(1,)``, the float array of a state), or two
-  values of the state, which ends that analysis at the condition (a reshaped copy of the
-  scalar does not: XLA merges the two; ``tests/test_loops.py`` checks the long loops)."""
+  Compile time: where a loop's condition is one operation on one value of its state (``n > 0``
+  on a scalar count, a flag itself, or ``flag[0]``, which XLA looks through), XLA takes that
+  value for an induction variable and copies out, as a module of its own, all of the body
+  that computes its next value: in each of several passes (the while-loop simplifier, the
+  invariant-code motion, the trip-count annotator), ~0.1 s of the 1.1 s that
+  ``jax.jit(dpsgd_epsilon)`` compiles in (jaxlib 0.10). jaxrdp's long loops therefore compare
+  an entry of an array of shape ``(1,)`` (``n[0] > 0``), or read two values of their state,
+  which ends that analysis at the condition (``tests/test_loops.py`` checks them)."""
   from jaxrdp._internal import compilation   # (which imports this module)
   leaves = [x for x in jax.tree_util.tree_leaves(batched_as) if compilation.batched(x)]
   if leaves:

@@ -434,11 +434,11 @@ _log_j_levels`), and one more step evaluates the optimal order found (a derivati
     return _composed_epsilons(alphas, rdp, args[3]), rdp, d_rdp
 
   def step(carry):
-    state, row_eps, *last = carry
+    state, row_eps = carry[:2]
     row = state.step.astype(np.int32)
     filling = row < n_rows
     inside = order_search.refinement_orders(*state.bracket, count=width)
-    searching = state.go   # else: the extra step at the optimal order (with ``wanted``)
+    searching = state.go[0] > 0   # else: the extra step at the optimal order (with ``wanted``)
     # The row's index as it is (never negative): a row past the last (refinement steps) is
     # clamped by the slice, whose result is then not used; a clamp or a wrap of negative
     # indices (jnp's indexing, lax's default) was a kernel of its own.
@@ -460,8 +460,8 @@ _log_j_levels`), and one more step evaluates the optimal order found (a derivati
       return new, new_eps
     # The extra step comes after the search's end (filling is over: new_eps is row_eps) and
     # leaves its result as it was (``active``); it is the loop's last, so the values it
-    # evaluates are those the loop ends with.
-    return new, new_eps, rdp[:, 0], d_rdp[:, :, 0], last[2] | ~searching
+    # evaluates are those the loop ends with: the loop goes on while the step before searched.
+    return new, new_eps, rdp[:, 0], d_rdp[:, :, 0], state.go
   # The rows' ε start as placeholders: no step reads a row before it is filled (the search
   # takes the grid's best order once every row is), so the rows' orders serve, a constant
   # (zeros would be a kernel of their own to compile).
@@ -472,10 +472,10 @@ _log_j_levels`), and one more step evaluates the optimal order found (a derivati
     # kernel of its own to compile; σ is the usual variable, a buffer already).
     d_shape = (len(directions),) + q.shape
     carry += (sigma, sigma[None] if d_shape[0] == 1 else jnp.zeros(d_shape, q.dtype),
-              jnp.zeros((), bool))
-  # The condition also reads the state's floats (the step count, never negative): a
-  # condition on one scalar costs compile time (:func:`jaxrdp._internal.loops.while_loop`).
-  cond = lambda c: c[0].go | (c[0].step < 0) | (bool(directions) and ~c[-1])
+              jnp.ones((1,), np.int32))
+  # The condition reads an array of shape (1,), a flag of the state: a condition on a scalar
+  # costs compile time (:func:`jaxrdp._internal.loops.while_loop`).
+  cond = (lambda c: c[-1][0] > 0) if directions else (lambda c: c[0].go[0] > 0)
   out = loops.while_loop(cond, step, carry, batched_as=(q, sigma, t, delta))
   result = order_search.search_result(out[0], delta, jnp)[:2]
   if not directions:
@@ -509,7 +509,7 @@ def _concrete_epsilon(q, sigma, t, delta, grid, refine_order):
     return _grid_search(q, sigma, t, delta, grid, sampled_gaussian.order_split(grid),
                         (tables, brackets), steps)
   state = order_search.search_start(orders.dtype)
-  while state.go:
+  while state.go[0] > 0:
     alphas = order_search.search_orders(state, orders, n, np)
     eps = _concrete_epsilons(q, sigma, t, delta, alphas, split, tables)
     state = order_search.search_update(state, eps, np.zeros(eps.shape, bool), grid, steps, np,

@@ -234,7 +234,8 @@ class SearchState(NamedTuple):
   own, ~10 ms apiece however small; the count's increment alone was one)."""
   values: Any     # (best ε, its order, the bracket's lo, hi, steps taken), float
   is_open: Any    # bool: a value that could matter was left open
-  go: Any         # bool: another step is due
+  go: Any         # another step is due: 1, else 0 (int32 of shape (1,): a loop's condition
+                  # reads it, see jaxrdp._internal.loops.while_loop)
 
   @property
   def step(self):   # a whole number (exact in float32 up to 2^24 steps), as a float
@@ -291,7 +292,6 @@ def search_update(state, eps, pending, grid, refine_steps, xp, brackets, grid_st
   m = max(k, eps_new.shape[0])
   pad = lambda v: xp.concatenate([v, xp.full((m - v.shape[0],), xp.inf, v.dtype)])
   i, j = xp.argmin(xp.stack([pad(eps[:k]), pad(eps_new)]), axis=1)
-  filling = step < grid_steps - 1
   better = (eps_new[j] < best) & (step >= grid_steps)
   first = step == grid_steps - 1
   start = (brackets[0][i], brackets[1][i])   # bracket_of(grid, usable, grid[i])
@@ -306,14 +306,17 @@ def search_update(state, eps, pending, grid, refine_steps, xp, brackets, grid_st
   best, best_alpha = values[0], values[1]
   is_open = is_open | opened
   refinable = xp.isfinite(best) & xp.isfinite(best_alpha) & (best_alpha > 1) & xp.any(usable)
-  go = filling | ((step - (grid_steps - 1) < refine_steps) & refinable)
-  return SearchState(values, is_open, go & active)
+  # Whether another step is due, from the step count as an array of shape (1,) (a slice, not
+  # a reshape of the scalar: XLA would move the reshape out of the loop).
+  count = state.values[4:5]
+  go = (count < grid_steps - 1) | ((count - (grid_steps - 1) < refine_steps) & refinable)
+  return SearchState(values, is_open, (go & active).astype(np.int32))
 
 
 def search_start(dtype):
   """The search's state before its first step: no best order yet (ε = +inf, order NaN)."""
   return SearchState(np.array([np.inf, np.nan, 1.0, 1.0, 0.0], dtype), np.zeros((), bool),
-                     np.ones((), bool))
+                     np.ones((1,), np.int32))
 
 
 def search_result(state, delta, xp):
