@@ -46,9 +46,15 @@ def test_the_split_of_a_grid():
   # The orders' values are not part of the split (grids with the same structure share a
   # compiled program); their binomial tables are an argument.
   assert sampled_gaussian.order_split(orders + np.where(orders == 2.0, 1.0, 0.0)) == split
-  tables = sampled_gaussian.order_tables(orders, split)
-  assert [t.shape for t in tables] == [(3, 65), (1, 257), (1, 1025), (1, 4097)]
-  assert tables[0][2, 32] == math.log(math.comb(64, 32)) and np.isneginf(tables[0][0, 3])
+  # One table: each order's log-binomials cut into chunks of 65 terms (k = 0..64, 65..129,
+  # ...), the last padded with -inf: 3 orders of one chunk, then 4, 16 and 64 chunks.
+  (table,) = sampled_gaussian.order_tables(orders, split)
+  assert table.shape == (3 + 4 + 16 + 64, 65)
+  assert table[2, 32] == math.log(math.comb(64, 32)) and np.isneginf(table[0, 3])
+  assert table[4, 0] == math.log(math.comb(65, 65)) and np.isneginf(table[4, 1])   # order 65
+  last = 3 + 4 + 15   # order 1024's last chunk: k = 975..1039, of which 975..1024 are terms
+  assert table[last, 48] == math.log(1024) and table[last, 49] == 0.0
+  assert np.isneginf(table[last, 50])
   assert split.shared == ((7, 1), (11,))
   seen = []   # traced orders cannot be split
   jax.jit(lambda o: seen.append(sampled_gaussian.order_split(o)) or o)(jnp.ones(2))

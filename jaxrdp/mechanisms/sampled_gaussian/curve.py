@@ -350,7 +350,7 @@ def _at_orders_flat(qf, sf, orders, tables, split, fallback):
   if positions:
     starts = np.cumsum([0] + [p.size for p in positions])
     log_js.append(_integer_orders(pair, [permuted[a:b] for a, b in zip(starts[:-1], starts[1:])],
-                                  tables))
+                                  tables, tuple(k_max + 1 for _, k_max in split.sums)))
     pendings.append(jnp.zeros((qf.shape[0], placed.size), bool))
   if rest.size:
     alphas = permuted[..., placed.size:]

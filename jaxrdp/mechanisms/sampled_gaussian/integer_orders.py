@@ -40,7 +40,7 @@ def _log_expm1_of_square(k, log_sigma, inv_s2):
 _SUM_CHUNK = 65   # terms per chunk of the exact sums (k = 0..64: one chunk for orders <= 64)
 
 
-def _log_j_integer(per_pair, log1m_q, alphas, log_binoms):
+def _log_j_integer(per_pair, log1m_q, alphas, packed, widths):
   r"""log J = log((A_α − 1)/(α − 1)) for integer orders α >= 2, exactly:
 
   .. math:: A_\alpha - 1 = \sum_{k=2}^{\alpha} \binom{\alpha}{k} q^k (1-q)^{\alpha-k}
@@ -50,57 +50,77 @@ def _log_j_integer(per_pair, log1m_q, alphas, log_binoms):
   e^{k(k-1)/(2\sigma^2)}` (Mironov, Talwar, Zhang 2019, Sec. 3.2) minus the same expansion of
   :math:`1 = (1-q+q)^\alpha`: a sum of non-negative terms, summed in log space, so nothing
   cancels (float32 too). ``per_pair``: :func:`_per_pair_terms` (n, >= K+1); ``log1m_q``:
-  log(1 - q), shape (n, 1); ``alphas``: one array of orders per bucket (m_b,), ``log_binoms``:
-  their log C(α, k), (m_b, K_b + 1), -inf unless 2 <= k <= α. Returns (n, Σ m_b), the buckets'
-  orders in turn. The terms depend on (q, sigma, k) and on (alpha, k) separately: both parts
-  are computed once and shared across orders / pairs.
+  log(1 - q), shape (n, 1); ``alphas``: one array of orders per bucket (m_b,); ``packed``:
+  their log C(α, k) cut into chunks (:func:`packed_binomials`), ``widths``: each bucket's
+  K_b + 1. Returns (n, Σ m_b), the buckets' orders in turn. The terms depend on (q, sigma, k)
+  and on (alpha, k) separately: both parts are computed once and shared across orders / pairs.
 
   Every bucket's rows are cut into chunks of _SUM_CHUNK terms and all chunks of all buckets
   summed together (log-sum-exp per chunk, then over each order's chunks): one set of kernels
-  for any number of buckets, where a set per bucket cost XLA a compilation each.
+  for any number of buckets. The chunks' log-binomials come packed as one table, and each
+  term's k and each chunk's order are constants (:func:`_chunk_layout`): the terms are one
+  elementwise expression, where a concatenation of the buckets' pieces was a loop per piece
+  (~10 % of the machine code XLA generates for ε).
   """
-  chunks, counts = [], []
-  for alpha, log_binom in zip(alphas, log_binoms):
-    m, width = log_binom.shape
-    per_order = -(-width // _SUM_CHUNK)
-    terms = log_binom[None] + per_pair[:, None, :width] + (log1m_q * alpha[None, :])[..., None]
-    terms = _where(jnp.isfinite(log_binom)[None], terms, -jnp.inf)
-    terms = jnp.pad(terms, ((0, 0), (0, 0), (0, per_order * _SUM_CHUNK - width)),
-                    constant_values=-jnp.inf)
-    chunks.append(terms.reshape(terms.shape[0], m * per_order, _SUM_CHUNK))
-    counts += [per_order] * m
-  terms = jnp.concatenate(chunks, axis=1) if len(chunks) > 1 else chunks[0]
+  k_index, chunk_order, by_order, filled = _chunk_layout(
+      tuple((len(a), w) for a, w in zip(alphas, widths)))
+  alpha = jnp.concatenate(alphas) if len(alphas) > 1 else alphas[0]
+  terms = (packed[None] + per_pair[:, k_index]
+           + (log1m_q * alpha[chunk_order][None, :])[..., None])
+  terms = _where(jnp.isfinite(packed)[None], terms, -jnp.inf)
   top = lax.stop_gradient(jnp.max(terms, axis=-1))
   has_terms = jnp.isfinite(top)   # false for a chunk of padding only (k beyond its order)
   top = _where(has_terms, top, 0.0)
   total = jnp.sum(jnp.exp(terms - top[..., None]), axis=-1)   # 0 for padding only
-  alpha = jnp.concatenate(alphas) if len(alphas) > 1 else alphas[0]
-  if max(counts) == 1:
+  if by_order is None:
     log_a_minus_1 = jnp.log(total) + top
   else:
-    # Each order's chunks (n, m, most chunks; padded with a chunk of nothing), summed in
-    # linear space relative to the largest of their tops: no logarithm of a partial sum is
-    # rounded (in float32 that would cost ~|log A| ulps).
-    # (Each bucket's chunks reshaped into its orders' rows and padded with empty chunks,
-    # then joined: one kernel, where a gather with constant indices took two, and with
-    # many pairs a transposed copy of each.)
-    widest = max(counts)
-
-    def by_order(v, fill):   # (n, chunks) -> (n, m, widest): each bucket's orders as rows
-      rows, start = [], 0
-      for log_binom in log_binoms:
-        m_b, width = log_binom.shape
-        p_b = -(-width // _SUM_CHUNK)
-        block = v[:, start:start + m_b * p_b].reshape(v.shape[0], m_b, p_b)
-        rows.append(jnp.pad(block, ((0, 0), (0, 0), (0, widest - p_b)), constant_values=fill))
-        start += m_b * p_b
-      return jnp.concatenate(rows, axis=1) if len(rows) > 1 else rows[0]
-    chunk_top = by_order(_where(has_terms, top, -jnp.inf), -jnp.inf)
-    chunk_total = by_order(total, 0.0)
+    # Each order's chunks (n, m, most chunks; padded with chunks of nothing), summed in linear
+    # space relative to the largest of their tops: no logarithm of a partial sum is rounded
+    # (in float32 that would cost ~|log A| ulps).
+    chunk_top = _where(filled, _where(has_terms, top, -jnp.inf)[:, by_order], -jnp.inf)
+    chunk_total = _where(filled, total[:, by_order], 0.0)
     top = jnp.max(chunk_top, axis=-1)   # finite: every order has terms
     weighted = chunk_total * jnp.exp(chunk_top - top[..., None])
     log_a_minus_1 = jnp.log(jnp.sum(weighted, axis=-1)) + top
   return log_a_minus_1 - jnp.log(alpha - 1)
+
+
+@functools.lru_cache(maxsize=None)
+def _chunk_layout(shapes):
+  """For buckets of (orders, K + 1) = ``shapes``, cut into chunks of _SUM_CHUNK terms: the k
+  of each term of each chunk (chunks, _SUM_CHUNK; the padding's k is the bucket's last), the
+  order of each chunk, and each order's chunks (orders, most chunks; its last repeated) with
+  which of those are its own (None for both where every order has one chunk)."""
+  k_index, chunk_order, counts, order = [], [], [], 0
+  for m, width in shapes:
+    per_order = -(-width // _SUM_CHUNK)
+    k = np.minimum(np.arange(per_order * _SUM_CHUNK), width - 1).reshape(per_order, _SUM_CHUNK)
+    k_index.append(np.tile(k, (m, 1)))
+    chunk_order.append(np.repeat(np.arange(order, order + m), per_order))
+    counts += [per_order] * m
+    order += m
+  k_index, chunk_order = np.concatenate(k_index), np.concatenate(chunk_order)
+  if max(counts) == 1:
+    return k_index, chunk_order, None, None
+  widest, first = max(counts), np.concatenate([[0], np.cumsum(counts)])
+  by_order = np.minimum(first[:-1, None] + np.arange(widest), first[1:, None] - 1)
+  return k_index, chunk_order, by_order, np.arange(widest) < np.array(counts)[:, None]
+
+
+def packed_binomials(tables):
+  """The log-binomial tables of the buckets (m_b, K_b + 1), each order's row cut into chunks
+  of _SUM_CHUNK (the last padded with -inf), all as one (chunks, _SUM_CHUNK) table."""
+  rows = []
+  for table in tables:
+    m, width = table.shape
+    per_order = -(-width // _SUM_CHUNK)
+    padded = np.full((m, per_order * _SUM_CHUNK), -np.inf)
+    padded[:, :width] = table
+    rows.append(padded.reshape(m * per_order, _SUM_CHUNK))
+  packed = np.concatenate(rows)
+  packed.flags.writeable = False
+  return packed
 
 
 @functools.lru_cache(maxsize=None)
@@ -142,17 +162,17 @@ def _per_pair_terms(pair, k_max):
   return per_pair, log1m_q
 
 
-def _integer_orders(pair, alphas, tables):
+def _integer_orders(pair, alphas, tables, widths):
   """log J (n, m) at the integer orders of every bucket of the split for flat generic q,
   sigma given by their :func:`_pair_constants` ``pair`` (``alphas``: one array per
-  bucket, ``tables``: their log-binomial tables (m_b, k_max + 1) from :func:`order_tables`),
-  concatenated. The per-pair terms are computed once, up to the largest bucket."""
-  tables = [t.astype(pair[0].dtype) for t in tables]
-  k_max = max(t.shape[1] for t in tables) - 1
+  bucket, ``tables``: their log-binomials packed into chunks, (:func:`packed_binomials`,
+  from :func:`order_tables`), ``widths``: each bucket's K + 1), concatenated. The per-pair
+  terms are computed once, up to the largest bucket."""
+  packed = tables[0].astype(pair[0].dtype)
+  k_max = max(widths) - 1
 
   def block(pairs):
     per_pair, log1m_q = _per_pair_terms(pairs, k_max)
-    return _log_j_integer(per_pair, log1m_q, alphas, tables)
+    return _log_j_integer(per_pair, log1m_q, alphas, packed, widths)
 
-  terms = sum(t.shape[0] * t.shape[1] for t in tables)
-  return _in_row_blocks(block, max(1, _SUM_ELEMENTS // terms), *pair)
+  return _in_row_blocks(block, max(1, _SUM_ELEMENTS // packed.size), *pair)

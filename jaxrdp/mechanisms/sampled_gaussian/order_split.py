@@ -16,7 +16,7 @@ import functools
 import jax
 import numpy as np
 
-from jaxrdp.mechanisms.sampled_gaussian.integer_orders import _log_binomials
+from jaxrdp.mechanisms.sampled_gaussian.integer_orders import _log_binomials, packed_binomials
 
 # --- a concrete grid of orders: exact sums at integer orders, shared nodes at fractional ones ---
 
@@ -81,11 +81,15 @@ def _order_split(key):
 
 
 def order_tables(orders, split):
-  """The log-binomial tables of the exact sums of :func:`order_split` (one float64 array per
-  bucket, (orders in it, k_max + 1)), from the concrete ``orders``; None without a split.
-  Passed as an argument, so that grids with the same split share one compiled program."""
+  """The log-binomial tables of the exact sums of :func:`order_split`, packed into chunks as
+  one float64 array (a 1-tuple: :func:`packed_binomials` of one table per bucket, (orders in
+  it, k_max + 1); empty without integer orders), from the concrete ``orders``; None without a
+  split. Passed as an argument,
+  so that grids with the same split share one compiled program."""
   if split is None:
     return None
+  if not split.sums:
+    return ()
   a = np.asarray(orders, np.float64).reshape(-1)
-  return tuple(_log_binomials(tuple(int(v) for v in a[np.asarray(pos)]), k_max)
-               for pos, k_max in split.sums)
+  return (packed_binomials([_log_binomials(tuple(int(v) for v in a[np.asarray(pos)]), k_max)
+                            for pos, k_max in split.sums]),)
