@@ -100,12 +100,15 @@ def _chunk_layout(shapes):
     chunk_order.append(np.repeat(np.arange(order, order + m), per_order))
     counts += [per_order] * m
     order += m
-  k_index, chunk_order = np.concatenate(k_index), np.concatenate(chunk_order)
+  # (int32: indices of JAX's own width whether or not 64-bit types are enabled.)
+  k_index = np.concatenate(k_index).astype(np.int32)
+  chunk_order = np.concatenate(chunk_order).astype(np.int32)
   if max(counts) == 1:
     return k_index, chunk_order, None, None
   widest, first = max(counts), np.concatenate([[0], np.cumsum(counts)])
   by_order = np.minimum(first[:-1, None] + np.arange(widest), first[1:, None] - 1)
-  return k_index, chunk_order, by_order, np.arange(widest) < np.array(counts)[:, None]
+  return (k_index, chunk_order, by_order.astype(np.int32),
+          np.arange(widest) < np.array(counts)[:, None])
 
 
 def packed_binomials(tables):
