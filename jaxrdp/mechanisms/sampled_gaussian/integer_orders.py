@@ -57,15 +57,19 @@ def _log_j_integer(per_pair, log1m_q, alphas, packed, widths):
 
   Every bucket's rows are cut into chunks of _SUM_CHUNK terms and all chunks of all buckets
   summed together (log-sum-exp per chunk, then over each order's chunks): one set of kernels
-  for any number of buckets. The chunks' log-binomials come packed as one table, and each
-  term's k and each chunk's order are constants (:func:`_chunk_layout`): the terms are one
-  elementwise expression, where a concatenation of the buckets' pieces was a loop per piece
-  (~10 % of the machine code XLA generates for ε).
+  for any number of buckets. The chunks' log-binomials come packed as one table, and which
+  chunk of the per-pair terms each row takes and each row's order are constants
+  (:func:`_chunk_layout`): the terms are one elementwise expression with a gather of rows,
+  where a concatenation of the buckets' pieces was a loop per piece (~10 % of the machine
+  code XLA generates for ε).
   """
-  k_index, chunk_order, by_order, filled = _chunk_layout(
+  chunk_k, chunk_order, by_order, filled = _chunk_layout(
       tuple((len(a), w) for a, w in zip(alphas, widths)))
   alpha = jnp.concatenate(alphas) if len(alphas) > 1 else alphas[0]
-  terms = (packed[None] + per_pair[:, k_index]
+  # The per-pair terms cut into chunks too (k = 0..64, 65..129, ...: per_pair reaches a whole
+  # number of chunks), each table row's taken whole (a gather of rows, not of terms).
+  chunks = per_pair.reshape(per_pair.shape[0], -1, _SUM_CHUNK)
+  terms = (packed[None] + chunks[:, chunk_k]
            + (log1m_q * alpha[chunk_order][None, :])[..., None])
   terms = _where(jnp.isfinite(packed)[None], terms, -jnp.inf)
   top = lax.stop_gradient(jnp.max(terms, axis=-1))
@@ -88,26 +92,25 @@ def _log_j_integer(per_pair, log1m_q, alphas, packed, widths):
 
 @functools.lru_cache(maxsize=None)
 def _chunk_layout(shapes):
-  """For buckets of (orders, K + 1) = ``shapes``, cut into chunks of _SUM_CHUNK terms: the k
-  of each term of each chunk (chunks, _SUM_CHUNK; the padding's k is the bucket's last), the
-  order of each chunk, and each order's chunks (orders, most chunks; its last repeated) with
-  which of those are its own (None for both where every order has one chunk)."""
-  k_index, chunk_order, counts, order = [], [], [], 0
+  """For buckets of (orders, K + 1) = ``shapes``, cut into chunks of _SUM_CHUNK terms: which
+  chunk of its order each chunk is (its terms' k are _SUM_CHUNK times that and on), the order
+  of each chunk, and each order's chunks (orders, most chunks; its last repeated) with which
+  of those are its own (None for both where every order has one chunk)."""
+  chunk_k, chunk_order, counts, order = [], [], [], 0
   for m, width in shapes:
     per_order = -(-width // _SUM_CHUNK)
-    k = np.minimum(np.arange(per_order * _SUM_CHUNK), width - 1).reshape(per_order, _SUM_CHUNK)
-    k_index.append(np.tile(k, (m, 1)))
+    chunk_k.append(np.tile(np.arange(per_order), m))
     chunk_order.append(np.repeat(np.arange(order, order + m), per_order))
     counts += [per_order] * m
     order += m
   # (int32: indices of JAX's own width whether or not 64-bit types are enabled.)
-  k_index = np.concatenate(k_index).astype(np.int32)
+  chunk_k = np.concatenate(chunk_k).astype(np.int32)
   chunk_order = np.concatenate(chunk_order).astype(np.int32)
   if max(counts) == 1:
-    return k_index, chunk_order, None, None
+    return chunk_k, chunk_order, None, None
   widest, first = max(counts), np.concatenate([[0], np.cumsum(counts)])
   by_order = np.minimum(first[:-1, None] + np.arange(widest), first[1:, None] - 1)
-  return (k_index, chunk_order, by_order.astype(np.int32),
+  return (chunk_k, chunk_order, by_order.astype(np.int32),
           np.arange(widest) < np.array(counts)[:, None])
 
 
@@ -172,7 +175,7 @@ def _integer_orders(pair, alphas, tables, widths):
   from :func:`order_tables`), ``widths``: each bucket's K + 1), concatenated. The per-pair
   terms are computed once, up to the largest bucket."""
   packed = tables[0].astype(pair[0].dtype)
-  k_max = max(widths) - 1
+  k_max = -(-max(widths) // _SUM_CHUNK) * _SUM_CHUNK - 1   # a whole number of chunks
 
   def block(pairs):
     per_pair, log1m_q = _per_pair_terms(pairs, k_max)
