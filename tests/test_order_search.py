@@ -85,3 +85,84 @@ def test_a_trajectory_over_a_small_grid_equals_each_prefix_epsilon():
   eps = jaxrdp.epsilon_trajectory(0.01, 1.1, 100, 1e-5, np.array([10.0, 50.0]), orders=grid)
   expected = [float(jaxrdp.dpsgd_epsilon(0.01, 1.1, t, 1e-5, orders=grid)) for t in (10.0, 50.0)]
   np.testing.assert_allclose(np.asarray(eps), expected, rtol=1e-12)
+
+
+# The refinement's model steps (order_search.model_windows): after the first refinement step,
+# each places its orders in a window around the vertex of the parabola through the best order
+# and its neighbours, as narrow as the parabola's error estimate and rounding allow.
+
+from jaxrdp.accounting import order_search
+from jaxrdp.accounting import epsilon as epsilon_module
+
+
+def _window(values, x, j):
+  """model_windows' window for the best at position j (lo, hi), NaN where none."""
+  windows = order_search.model_windows(np.asarray(x), np.asarray(values), np)
+  return windows[:, j - 2]
+
+
+def test_a_model_window_holds_the_vertex_of_a_parabola_at_its_narrowest():
+  x = np.arange(1.0, 33.0) * 0.25   # 32 orders 0.25 apart
+  for vertex in (3.3, 3.37, 3.49, 5.0):
+    values = 2.0 + 0.7 * (x - vertex) ** 2
+    j = int(np.argmin(values))
+    lo, hi = _window(values, x, j)
+    assert lo < vertex < hi
+    # The narrowest window: ZOOM of the bracket (two spacings), rounded: 2 s ZOOM wide.
+    assert hi - lo == pytest.approx(2 * 0.25 * order_search.ZOOM, rel=1e-12)
+
+
+def test_a_model_window_widens_with_the_parabola_s_error_and_still_holds_the_minimum():
+  x = np.arange(1.0, 33.0) * 0.25
+  widths = []
+  for b in (0.0, 0.03, 0.1, 0.2):   # a cubic term moves the vertex of the parabola
+    vertex = 4.1
+    f = lambda u: 1.0 + (u - vertex) ** 2 + b * (u - vertex) ** 3
+    values = f(x)
+    j = int(np.argmin(values))
+    lo, hi = _window(values, x, j)
+    dense = np.linspace(x[j - 1], x[j + 1], 200001)
+    minimum = dense[np.argmin(f(dense))]
+    assert lo <= minimum <= hi
+    widths.append(hi - lo)
+  assert widths == sorted(widths) and widths[-1] > widths[0]
+
+
+def test_no_model_window_where_values_are_flat_or_not_finite():
+  x = np.arange(1.0, 33.0)
+  flat = np.full(32, 3.0)
+  flat[10] = 3.0 - 1e-16   # a difference at the rounding's scale
+  assert np.all(np.isnan(_window(flat, x, 10)))
+  values = 1.0 + (x - 11.2) ** 2
+  values[9] = np.inf
+  assert np.all(np.isnan(_window(values, x, 11)))
+
+
+def _search_steps(monkeypatch, q, sigma, steps, delta):
+  calls = []
+  update = order_search.search_update
+  monkeypatch.setattr(order_search, "search_update",
+                      lambda *a, **k: calls.append(1) or update(*a, **k))
+  grid = np.asarray(jaxrdp.DEFAULT_ORDERS)
+  eps, order = epsilon_module._concrete_epsilon(*(jnp.asarray([v]) for v in (q, sigma, steps)),
+                                                jnp.asarray(delta), grid, True)
+  return len(calls), float(eps), float(order)
+
+
+@pytest.mark.parametrize("case, most", [((0.01, 1.1, 10_000, 1e-5), 3), ((0.01, 0.7, 10_000, 1e-5), 3),
+                                        ((0.05, 2.0, 2_000, 1e-6), 3), ((0.2, 0.35, 100, 1e-5), 3),
+                                        ((0.001, 5.0, 100, 1e-5), 6)])
+def test_the_refinement_takes_three_model_steps_to_a_millionth_of_a_spacing(monkeypatch, case,
+                                                                            most):
+  # Three refinement steps where ε is close to a parabola around its minimum (ordinary steps
+  # took five); at an optimal order of 345 (spacing 64, the sharp rise of RDP beyond it) the
+  # model gives way to ordinary steps, up to the cap (refinement_steps). Reference: the
+  # optimal order with the bracket narrowed 1e12 times (up to ten steps).
+  steps, eps, order = _search_steps(monkeypatch, *case)
+  monkeypatch.setattr(order_search, "SHRINK", 1e12)
+  _, eps_ref, order_ref = _search_steps(monkeypatch, *case)
+  assert steps - 1 <= most <= epsilon_module.refinement_steps(32)
+  grid = np.sort(np.asarray(jaxrdp.DEFAULT_ORDERS))
+  spacing = np.diff(grid)[np.searchsorted(grid, order) - 1]
+  assert abs(order - order_ref) <= 2e-6 * spacing
+  assert eps == pytest.approx(eps_ref, rel=1e-13)

@@ -71,9 +71,16 @@ size of jaxrdp's graph. How that graph is kept small:
   is not in a derivative's graph.
 * **One row of shared nodes per step**: integer orders are exact sums computed once, outside
   the search's loop; fractional orders share nodes, one row of up to 32 orders per group; each
-  step of the loop evaluates one row per phase: the grid's rows first, then five refinement
-  steps of 32 orders, so the loop holds one copy of the kernel and runs only what each step
-  needs. Without refinement there is no loop at all.
+  step of the loop evaluates one row per phase: the grid's rows first, then refinement steps
+  of 32 orders, so the loop holds one copy of the kernel and runs only what each step needs.
+  Without refinement there is no loop at all.
+* **Refinement steps placed by a model**: after the first refinement step, each places its 32
+  orders in a window around the vertex of the parabola through the best order and its
+  neighbours, as narrow as the parabola's own error estimate (its misses two orders out) and
+  the rounding of ε allow: three steps reach the precision that took five (the bracket a
+  millionth of a grid spacing) where ε is close to a parabola around its minimum, up to six
+  where it is not; the window is rounded to powers of two so that eager and jitted searches,
+  whose values round differently in the last bits, place the same orders.
 * **`vmap` batches the loops once**: a search loop's state is batched from the start, so
   `jax.vmap` batches its body in one pass and traces the kernels' batching rules once; the
   body itself, which `lax.while_loop` traces for one element first, gives the kernels a

@@ -16,7 +16,8 @@ bound. Gradients follow the envelope theorem: the optimal order is held fixed (e
 How it is evaluated: on a concrete grid (the default) every grid order goes through the exact
 sums and the shared nodes (:func:`jaxrdp.mechanisms.sampled_gaussian.log_a_and_rdp_at_orders`),
 and each refinement step evaluates one row of shared nodes (:func:`_slot_width`: 32 orders
-per step on the default grid, five steps). For concrete inputs the steps run from the host
+per step on the default grid; three steps where ε is close to a parabola around its minimum,
+at most six: :func:`jaxrdp.accounting.order_search.model_windows`). For concrete inputs the steps run from the host
 (:func:`jaxrdp.accounting.order_search.search_update`, the grid and the refinement's
 slots in one program); for traced ones in one loop that evaluates one row of shared nodes
 per step, the grid's rows first (:func:`_grid_search`; the exact sums are evaluated once, before it): the
@@ -323,15 +324,16 @@ def _slot_width(split):
   return max([len(g) for g in split.shared] + [order_search.BATCH])
 
 
-_REFINEMENT_SHRINK = 1e6   # how many times a concrete grid's refinement narrows its bracket
-
-
 def refinement_steps(count):
-  """Steps of ``count`` orders each that narrow the refinement's bracket (about a grid
-  spacing) at least _REFINEMENT_SHRINK times, a step (count + 1)/2 times: the optimal order to
-  ~1e-7 of a spacing. The envelope gradient needs that where ε's σ-derivative changes fast
-  with the order (orders just above 1, at small σ: 1.6e8 per unit of α at σ = 0.03)."""
-  return math.ceil(math.log(_REFINEMENT_SHRINK) / math.log((count + 1) / 2) - 1e-9)
+  """The most steps of ``count`` orders each that the refinement takes: enough that ordinary
+  steps, which narrow the bracket (count + 1)/2 times, narrow the grid's bracket
+  order_search.SHRINK times, and one more (a model step whose window missed the optimum,
+  :func:`jaxrdp.accounting.order_search.model_windows`). The refinement ends earlier once the
+  bracket is that narrow: the optimal order to ~1e-6 of a grid spacing (model steps narrow it
+  ~(count + 1)/(2 ZOOM) times: three steps of 32 orders where ε is close to a parabola). The
+  envelope gradient needs that where ε's σ-derivative changes fast with the order (orders
+  just above 1, at small σ: 1.6e8 per unit of α at σ = 0.03)."""
+  return 1 + math.ceil(math.log(order_search.SHRINK) / math.log((count + 1) / 2) - 1e-9)
 
 
 def _with_slots(grid):
@@ -455,7 +457,8 @@ _log_j_levels`), and one more step evaluates the optimal order found (a derivati
     new_eps = jnp.where(np.arange(n_rows)[:, None] == row, eps, row_eps)
     new = order_search.search_update(state, jnp.concatenate([at_grid(new_eps), eps]),
                                      jnp.zeros(k + width, bool), grid, refine_steps, jnp,
-                                     brackets, n_rows, active=searching if directions else True)
+                                     brackets, n_rows, active=searching if directions else True,
+                                     slots=alphas)
     if not directions:
       return new, new_eps
     # The extra step comes after the search's end (filling is over: new_eps is row_eps) and
@@ -513,7 +516,7 @@ def _concrete_epsilon(q, sigma, t, delta, grid, refine_order):
     alphas = order_search.search_orders(state, orders, n, np)
     eps = _concrete_epsilons(q, sigma, t, delta, alphas, split, tables)
     state = order_search.search_update(state, eps, np.zeros(eps.shape, bool), grid, steps, np,
-                                       brackets)
+                                       brackets, slots=alphas[grid.shape[0]:])
   eps, best, _ = order_search.search_result(state, np.asarray(delta), np)
   return validation.to_device(eps), validation.to_device(best)
 
