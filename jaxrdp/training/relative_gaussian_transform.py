@@ -25,6 +25,7 @@ import optax
 from jaxrdp._internal import deprecation
 from jaxrdp._internal import validation
 from jaxrdp.mechanisms.relative_gaussian import rdp_relative_gaussian
+from jaxrdp.training.noise import standard_normals
 
 
 class RelativeGaussianNoiseState(NamedTuple):
@@ -124,11 +125,11 @@ def relative_gaussian_noise(eta: jax.typing.ArrayLike, gamma: jax.typing.ArrayLi
     sq = sum((jnp.sum(jnp.square(leaf.astype(w))) for leaf, w in zip(leaves, wide)),
              jnp.zeros([], jnp.result_type(jnp.float32, *wide)))
     std = gamma * jnp.sqrt(sq) + sigma
-    next_key, *keys = jax.random.split(state.rng_key, len(leaves) + 1)
-    noised = [
-        (leaf.astype(w) + std.astype(w) * jax.random.normal(k, leaf.shape, w)).astype(leaf.dtype)
-        for leaf, w, k in zip(leaves, wide, keys)
-    ]
+    next_key, key = jax.random.split(state.rng_key)
+    noise = standard_normals(key, [jax.ShapeDtypeStruct(leaf.shape, w)
+                                   for leaf, w in zip(leaves, wide)])
+    noised = [(leaf.astype(w) + std.astype(w) * z).astype(leaf.dtype)
+              for leaf, w, z in zip(leaves, wide, noise)]
     return (jax.tree.unflatten(treedef, noised),
             RelativeGaussianNoiseState(rng_key=next_key, count=state.count + 1))
 

@@ -54,7 +54,6 @@ from typing import Any, Callable, Union
 import numpy as np
 import jax
 import jax.numpy as jnp
-from jax import lax
 import optax
 
 from jaxrdp._internal import validation
@@ -62,6 +61,7 @@ from jaxrdp.accounting import samplers
 from jaxrdp.accounting.composition import rdp_curve
 from jaxrdp.training import accountant as rdp_accountant
 from jaxrdp.training.microbatch import ClippedGradSum, batch_size_of, clip_and_sum
+from jaxrdp.training.noise import standard_normals
 from jaxrdp.accounting.orders import DEFAULT_ORDERS
 from jaxrdp.training.state import (DifferentiallyPrivateAggregateState, Truncation, _check_state,
                                    _log_step, _phase_log)
@@ -362,20 +362,8 @@ def _clipped_sums(updates, clip, mask, params):
 
 def _noised_means(leaves, key, sigma, clip, divisor):
   """(sum + N(0, (σC)^2 I)) / divisor for each leaf, in the leaf's dtype (at least float32).
-
-  The noise of all leaves of one dtype is one draw of i.i.d. standard normals, cut into the
-  leaves' shapes (one independent key per dtype): a draw per leaf put the generator's kernels
-  (threefry's rounds, the inverse error function) in a user's training step once per leaf, a
-  fixed compile cost each (~30 kernels for a two-layer MLP's four leaves)."""
-  dtypes = list(dict.fromkeys(x.dtype for x in leaves))
-  keys = jax.random.split(key, len(dtypes)) if len(dtypes) > 1 else [key]
-  noise = {}
-  for dtype, k in zip(dtypes, keys):
-    members = [i for i, x in enumerate(leaves) if x.dtype == dtype]
-    sizes = [leaves[i].size for i in members]
-    flat = jax.random.normal(k, (sum(sizes),), dtype)
-    for i, start, size in zip(members, np.cumsum([0] + sizes), sizes):
-      noise[i] = lax.slice(flat, (int(start),), (int(start + size),)).reshape(leaves[i].shape)
+  The noise is :func:`jaxrdp.training.noise.standard_normals` (one draw per dtype)."""
+  noise = standard_normals(key, leaves)
   cast = lambda v, x: jnp.asarray(v, x.dtype)
   return [(x + cast(sigma, x) * cast(clip, x) * noise[i]) / cast(divisor, x)
           for i, x in enumerate(leaves)]
