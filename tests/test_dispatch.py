@@ -53,6 +53,23 @@ def test_a_failed_background_compilation_is_compiled_again(monkeypatch):
   np.testing.assert_array_equal(np.asarray(f(x)), x * 3.0 - 1.0)
 
 
+def test_one_executable_for_numpy_uncommitted_and_committed_arguments():
+  # A NumPy array, an uncommitted JAX array and one committed to the default device run the
+  # same executable: keyed by the form they came in, the same program compiled once per form
+  # (optimize_schedule's iterations pass committed arrays where a calibration before them
+  # passed NumPy ones: ~1 s compiled twice). Another weak type or shape is another program.
+  f = compilation.jit(lambda v, w: jnp.log1p(v) * w)
+  v = np.linspace(0.1, 1.0, 8)
+  expected = np.log1p(v) * 2.0
+  for x in (v, jnp.asarray(v), jax.device_put(v, jax.devices()[0])):
+    for w in (np.float64(2.0), jnp.asarray(2.0, jnp.float64)):
+      np.testing.assert_allclose(np.asarray(f(x, w)), expected, rtol=1e-15)
+  assert len(f.executables) == 1
+  f(v, 2.0)   # weakly typed
+  f(v[:4], np.float64(2.0))
+  assert len(f.executables) == 3
+
+
 def test_settings_that_change_results_are_honoured():
   f = compilation.jit(lambda v: jnp.log(v))
   x = np.array([-1.0, 2.0])

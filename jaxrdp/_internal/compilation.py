@@ -100,13 +100,31 @@ def bucket(n: int) -> int:
   return -(-n // step) * step
 
 
-def _leaf_key(leaf):
-  """What an executable compiled for ``leaf`` depends on: its abstract value (shape, dtype,
-  weak type) and, for a JAX array, its placement. A NumPy array's is its shape and dtype
-  (read directly: this runs on every call)."""
+def _leaf_key(leaf, default_device):
+  """What an executable compiled for ``leaf`` depends on: its shape, dtype and weak type, and
+  where a JAX array is committed to a device other than ``default_device``, its placement. A
+  NumPy array, an uncommitted JAX array and one committed to the default device run the same
+  executable (an accounting query's arguments come in any of these forms: keyed apart, the
+  same program compiled again, ~1 s each). Read directly: this runs on every call."""
   if type(leaf) is np.ndarray:
-    return leaf.shape, leaf.dtype
-  return jax.typeof(leaf), getattr(leaf, "sharding", None)
+    return leaf.shape, leaf.dtype, False, None
+  aval = jax.typeof(leaf)
+  placed = None
+  if getattr(leaf, "committed", False):
+    placed = leaf.sharding
+    if isinstance(placed, jax.sharding.SingleDeviceSharding) and (
+        next(iter(placed.device_set)) == default_device):
+      placed = None
+  return aval.shape, aval.dtype, aval.weak_type, placed
+
+
+def _default_device():
+  """The device an uncommitted computation runs on (JAX's default device setting, else the
+  default backend's first device)."""
+  device = jax.config.jax_default_device
+  if device is None:
+    return jax.devices()[0]
+  return jax.devices(device)[0] if isinstance(device, str) else device
 
 
 def batched(x) -> bool:
@@ -363,7 +381,8 @@ def jit(fun=None, *, static_argnames=(), work=None):
 
   def _key(arguments, leaves, treedef):
     statics = tuple((k, arguments[k]) for k in static_argnames if k in arguments)
-    return (treedef, tuple(_leaf_key(x) for x in leaves), statics, jax.config.jax_enable_x64,
+    device = _default_device()
+    return (treedef, tuple(_leaf_key(x, device) for x in leaves), statics, jax.config.jax_enable_x64,
             str(jax.config.jax_default_device))
 
   def entry(arguments, leaves, treedef, background):
