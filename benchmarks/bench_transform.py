@@ -5,7 +5,10 @@ multiplier and learning rate. A step is: per-example gradients (``jax.vmap(jax.g
 optimizer's update, ``optax.apply_updates``, all in one jitted function; optax's dpsgd takes
 the per-example gradients as its ``updates`` too. Timings are interleaved (A, B, A, B, ...)
 so that machine load affects both alike; the median over repeats is reported, and the last
-line is ``RATIO jaxrdp/optax = <x>`` (goal: at most 1.05).
+line is ``RATIO jaxrdp/optax = <x>`` (goal: at most 1.05). Before the timings, each step's
+compilation (XLA's default options, the median of three compilations of fresh lowerings,
+alternating) and the kernels XLA compiled for it (``benchmarks/_kernels.py``): what the
+transform adds to a user's first step.
 
 Run from the repository root::
 
@@ -28,6 +31,7 @@ import optax.contrib
 
 from jaxrdp.training.transform import dpsgd, privacy_spent
 
+import _kernels
 import _results
 
 
@@ -97,6 +101,19 @@ def main(argv=None):
   theirs = optax.contrib.dpsgd(0.1, args.clip, args.sigma, 1)
   runs = {"jaxrdp": (make_step(ours, True), ours.init(params)),
           "optax": (make_step(theirs, False), theirs.init(params))}
+  compile_s = {name: [] for name in runs}
+  kernels = {}
+  optimizers = {"jaxrdp": (ours, True), "optax": (theirs, False)}
+  for _ in range(3):
+    for name, (_, s) in runs.items():   # a new jitted step each time: nothing cached
+      lowered = make_step(*optimizers[name]).lower(params, s, x, y, mask)
+      t0 = time.perf_counter()
+      compiled = lowered.compile()
+      compile_s[name].append(time.perf_counter() - t0)
+      kernels[name] = sum(_kernels.fusions(compiled.as_text()).values())
+  compile_med = {name: float(np.median(v)) for name, v in compile_s.items()}
+  for name in runs:
+    print(f"{name:7s} compile {compile_med[name]:.3f} s, {kernels[name]} kernels")
   times = {name: [] for name in runs}
   state = {}
   for name, (step, s) in runs.items():  # compile and warm up
@@ -123,6 +140,8 @@ def main(argv=None):
       "mlp": list(sizes), "parameters": sum(p.size for p in jax.tree.leaves(params)),
       "jaxrdp_step_s": med["jaxrdp"], "optax_step_s": med["optax"],
       "ratio_jaxrdp_over_optax": med["jaxrdp"] / med["optax"], "goal_ratio": 1.05,
+      "jaxrdp_compile_s": compile_med["jaxrdp"], "optax_compile_s": compile_med["optax"],
+      "jaxrdp_kernels": kernels["jaxrdp"], "optax_kernels": kernels["optax"],
       "steps": steps_done, "epsilon": float(eps), "order": float(order)})
 
 
