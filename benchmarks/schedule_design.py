@@ -290,13 +290,49 @@ def render(report):
   return "\n".join(out)
 
 
-def write_docs(report, page, image):
-  """Replace the results block of ``page`` by :func:`render`'s tables; plot the paired
-  differences (one panel per task) to ``image``."""
+def render_replication(report, earlier):
+  """The paired differences of two runs of the protocol side by side (markdown), per task and
+  method: ``earlier``'s, this ``report``'s, and both runs' seeds pooled (20 paired differences;
+  the runs share their initialisations and batches, only the noise draws differ, so the
+  pooled interval is somewhat narrower than independent runs would give)."""
+  out = ["| task | method | " + " | ".join(
+      f"ε = {float(b):g}: earlier / this run / pooled" for b in earlier["tasks"][
+          next(iter(earlier["tasks"]))]["budgets"]) + " |"]
+  out.append("|---|---|" + "---|" * len(earlier["tasks"][next(iter(earlier["tasks"]))]["budgets"]))
+  for name, task in report["tasks"].items():
+    before = earlier["tasks"].get(name)
+    if before is None:
+      continue
+    for method in METHODS[1:]:
+      cells = []
+      for b in task["budgets"]:
+        rows = [r["budgets"].get(b, {}) for r in (before, task)]
+        if not all(method in r and "constant" in r for r in rows):
+          cells.append("–")
+          continue
+        diffs = [np.asarray(r[method]["test_seeds"]) - np.asarray(r["constant"]["test_seeds"])
+                 for r in rows]
+        parts = [paired_interval(d) for d in diffs] + [paired_interval(np.concatenate(diffs))]
+        mark = lambda m, h: " **(>0)**" if m - h > 0 else (" (<0)" if m + h < 0 else "")
+        cells.append(" / ".join(f"{100 * m:+.1f} ± {100 * h:.1f}{mark(m, h)}" for m, h in parts))
+      out.append(f"| {name} | {LABELS[method]} | " + " | ".join(cells) + " |")
+  return "\n".join(out)
+
+
+def write_docs(report, page, image, earlier=None):
+  """Replace the results block of ``page`` by :func:`render`'s tables (and, with an
+  ``earlier`` run, :func:`render_replication`'s); plot the paired differences (one panel per
+  task) to ``image``."""
   text = open(page).read()
   a, b = text.index(START) + len(START), text.index(END)
+  block = render(report)
+  if earlier is not None:
+    block += ("\n**Two runs of the protocol** (the same seeds, initialisations and batches; the "
+              "noise drawn by two versions of the transform's generator: per leaf, and one draw "
+              "for all leaves): paired difference to the constant schedule, percentage points, "
+              "95 % interval\n\n" + render_replication(report, earlier) + "\n")
   with open(page, "w") as f:
-    f.write(text[:a] + "\n" + render(report) + "\n" + text[b:])
+    f.write(text[:a] + "\n" + block + "\n" + text[b:])
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -339,11 +375,15 @@ def main(argv=None):
                            "docs/images/schedule_design.png")
   parser.add_argument("--from-json", default=None,
                       help="render the docs from a saved run instead of running")
+  parser.add_argument("--earlier", default=None,
+                      help="a saved earlier run of the protocol (other noise draws): its paired "
+                           "differences and the pooled ones are rendered beside this run's")
   args = parser.parse_args(argv)
   docs = (os.path.join(ROOT, "docs", "schedule-design.md"),
           os.path.join(ROOT, "docs", "images", "schedule_design.png"))
+  earlier = json.load(open(args.earlier)) if args.earlier else None
   if args.from_json:
-    write_docs(json.load(open(args.from_json)), *docs)
+    write_docs(json.load(open(args.from_json)), *docs, earlier=earlier)
     return
   start = time.perf_counter()
   import _results   # the run's provenance: command, date, machine, versions
@@ -393,7 +433,7 @@ def main(argv=None):
       json.dump(report, f, indent=1)
   print(render(report))
   if args.docs:
-    write_docs(report, *docs)
+    write_docs(report, *docs, earlier=earlier)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ counts). All PLD values share one grid (``jaxrdp.pld_grid``), so that its progra
 Defaults (ε = 1, δ = 1e-5, b = 64 so q = 0.0445, 10 epochs = 230 steps; about 25 s on a laptop
 CPU with ``--plot``, most of it compilation): σ_rdp = 2.940, σ_pld = 2.716 (7.6 % less noise);
 the RDP-calibrated run has ε = 0.908 by the PLD, the PLD-calibrated one ε = 1.10 by RDP. Test
-accuracy 0.858 (σ_rdp) and 0.869 (σ_pld), one seed: the difference is within the epoch-to-epoch
+accuracy 0.864 (σ_rdp) and 0.877 (σ_pld), one seed: the difference is within the epoch-to-epoch
 swings of a single run, not a measured gain. At the same q and T the noise saved grows as ε
 shrinks: 5.8 % at ε = 4, 8.3 % at ε = 0.5.
 
