@@ -417,7 +417,12 @@ def transform(r: dict) -> str:
           f"with its accountant in the state {_t(f['jaxrdp_step_s'])}, `optax.contrib.dpsgd` "
           f"{_t(f['optax_step_s'])}; medians of {o['repeats']} interleaved blocks of "
           f"{_of(o['steps'], 'step')}. jaxrdp / optax = {f['ratio_jaxrdp_over_optax']:.3f} "
-          f"(goal {_goal(f['ratio_jaxrdp_over_optax'], f['goal_ratio'], unit='')}).")
+          f"(goal {_goal(f['ratio_jaxrdp_over_optax'], f['goal_ratio'], unit='')})."
+          + (f" The step's compilation (XLA's default options, median of three): jaxrdp "
+             f"{_t(f['jaxrdp_compile_s'])} ({f['jaxrdp_kernels']} kernels), optax "
+             f"{_t(f['optax_compile_s'])} ({f['optax_kernels']} kernels): the noise is one "
+             "draw for all leaves, not one per leaf."
+             if "jaxrdp_compile_s" in f else ""))
 
 
 def pld_(r: dict) -> str:
