@@ -76,6 +76,29 @@ def test_noise_standard_deviation_is_sigma_times_clip_over_expected_batch_size()
   assert updates["x"].dtype == jnp.float32
 
 
+def test_noise_of_several_leaves_and_dtypes_is_one_draw_each_independent_and_standard():
+  # standard_normals draws once per dtype and cuts the draw into the leaves: every leaf gets
+  # its shape and dtype (scalars and empty leaves too), the leaves' noise is not one stream
+  # repeated, the two dtypes' draws come from different keys, and all of it is N(0, 1):
+  # Σ z² ~ χ²(n) (two-sided, false-failure rate 1e-6) and |Σ z|/√n < 5 (5.7e-7).
+  from jaxrdp.training.noise import standard_normals
+  with jax.enable_x64(True):
+    leaves = [jax.ShapeDtypeStruct(s, d) for s, d in (
+        ((40, 25), jnp.float32), ((), jnp.float32), ((0, 3), jnp.float32), ((1000,), jnp.float32),
+        ((40, 25), jnp.float64), ((1000,), jnp.float64))]
+    noise = standard_normals(jax.random.key(5), leaves)
+    assert [(z.shape, z.dtype) for z in noise] == [(x.shape, x.dtype) for x in leaves]
+    again = standard_normals(jax.random.key(5), leaves)
+    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(noise, again))
+    first = np.asarray(noise[0], np.float64).ravel()
+    assert not np.allclose(first, np.asarray(noise[3], np.float64)[:first.size])
+    assert not np.allclose(first, np.asarray(noise[4]).ravel(), atol=1e-3)
+    z = np.concatenate([np.asarray(v, np.float64).ravel() for v in noise])
+    n = z.size
+    assert stats.chi2.ppf(5e-7, n) < np.sum(z ** 2) < stats.chi2.isf(5e-7, n)
+    assert abs(np.sum(z)) / np.sqrt(n) < 5.0
+
+
 def test_bfloat16_gradients_accumulate_and_draw_noise_in_float32():
   tx = _agg(1.0, SIGMA, key=3)
   params = {"x": jnp.zeros((64,), jnp.bfloat16)}
