@@ -99,6 +99,23 @@ def test_noise_of_several_leaves_and_dtypes_is_one_draw_each_independent_and_sta
     assert abs(np.sum(z)) / np.sqrt(n) < 5.0
 
 
+def test_noise_draws_are_bounded_and_a_large_leaf_draws_alone():
+  # A shared draw holds at most 2^20 entries (small leaves packed in order, per dtype); a leaf
+  # of 2^20 entries or more draws alone, in its own shape (where it is sharded, each device
+  # draws its part): the draw for it is jax.random.normal's for its key and shape.
+  from jaxrdp.training import noise as noise_module
+  big = 1 << 20
+  leaves = [jax.ShapeDtypeStruct(s, jnp.float32) for s in
+            [(600, 1000), (10,), (500, 1000), (1024, 1024), (3,), (big + 1,)]]
+  assert noise_module._groups(leaves) == [[0, 1], [2, 4], [3], [5]]
+  z = noise_module.standard_normals(jax.random.key(2), leaves)
+  keys = jax.random.split(jax.random.key(2), 4)
+  np.testing.assert_array_equal(np.asarray(z[3]),
+                                np.asarray(jax.random.normal(keys[2], (1024, 1024), jnp.float32)))
+  assert [v.shape for v in z] == [x.shape for x in leaves]
+  assert not np.allclose(np.asarray(z[0]).ravel()[:1000], np.asarray(z[2]).ravel()[:1000])
+
+
 def test_bfloat16_gradients_accumulate_and_draw_noise_in_float32():
   tx = _agg(1.0, SIGMA, key=3)
   params = {"x": jnp.zeros((64,), jnp.bfloat16)}

@@ -362,7 +362,7 @@ def _clipped_sums(updates, clip, mask, params):
 
 def _noised_means(leaves, key, sigma, clip, divisor):
   """(sum + N(0, (σC)^2 I)) / divisor for each leaf, in the leaf's dtype (at least float32).
-  The noise is :func:`jaxrdp.training.noise.standard_normals` (one draw per dtype)."""
+  The noise is :func:`jaxrdp.training.noise.standard_normals` (shared draws)."""
   noise = standard_normals(key, leaves)
   cast = lambda v, x: jnp.asarray(v, x.dtype)
   return [(x + cast(sigma, x) * cast(clip, x) * noise[i]) / cast(divisor, x)
