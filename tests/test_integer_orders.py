@@ -16,6 +16,7 @@ import numpy as np
 
 import jaxrdp
 from jaxrdp.mechanisms import sampled_gaussian
+from jaxrdp.mechanisms.sampled_gaussian import integer_orders
 
 F64_RTOL = 1e-12
 F32_RTOL = 1e-5
@@ -300,3 +301,26 @@ def test_a_node_on_a_branch_edge_keeps_its_whole_derivative():
     u = (2 * np.asarray(z) - 1) / (2 * sigma ** 2)
     want = q * np.exp(u) / (1 - q + q * np.exp(u)) / sigma ** 2
     np.testing.assert_allclose(np.asarray(d_ell), want, rtol=1e-12)
+
+
+def test_a_large_batch_at_the_default_orders_matches_mpmath_and_small_batches(log_a_reference):
+  # 64+ pairs at the default orders (302 chunks of terms gathered from 64 of per-pair terms):
+  # the per-pair terms are then computed once before the gather (integer_orders._computed_once,
+  # above _GATHERED_ONCE gathered terms), below it in the gather's kernel. The same values up
+  # to rounding: the two forms' kernels contract different multiply-adds, and near q = 1 the
+  # terms' exponents (k log(q / (1 - q)) + α log(1 - q), ~4,000 each at order 320) carry
+  # ~1e-12 of it (1e-13 at orders up to 64).
+  r = _integer_points(log_a_reference)
+  orders = np.asarray(jaxrdp.DEFAULT_ORDERS)
+  r = {k: v[np.isin(r["alpha"], orders)] for k, v in r.items()}
+  reps = -(-64 // len(r["q"]))
+  q, sigma, alpha, ref = (np.tile(r[k], reps) for k in ("q", "sigma", "alpha", "log_a"))
+  assert len(q) * 302 * 65 >= integer_orders._GATHERED_ONCE > 8 * 302 * 65
+  column = np.searchsorted(orders, alpha)
+  whole = np.asarray(jaxrdp.compute_rdp(q, sigma, 1, orders))
+  value = whole[np.arange(len(q)), column] * (alpha - 1)
+  err = np.abs(value - ref) / np.abs(ref)
+  assert err.max() <= F64_RTOL, err.max()
+  small = np.concatenate([np.asarray(jaxrdp.compute_rdp(q[i:i + 8], sigma[i:i + 8], 1, orders))
+                          for i in range(0, len(q), 8)])
+  np.testing.assert_allclose(whole, small, rtol=2e-12, atol=0)
