@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import jaxrdp
-from jaxrdp.accounting import schedules
+from jaxrdp._internal import compilation
+from jaxrdp.accounting import envelope, epsilon, schedules
 from jaxrdp.accounting.dpsgd import order_grid
 
 Q = jnp.array([0.02, 0.02])
@@ -317,3 +318,29 @@ def test_the_design_runs_under_jit_with_the_pld_on_a_given_grid_and_reports_prog
     jax.jit(lambda b: jaxrdp.optimize_schedule(
         u, sampling_rate=q0, noise_multiplier=sigma0, steps=steps, target_epsilon=b,
         delta=DELTA, num_iterations=1, accountant="pld"))(target)
+
+
+def test_the_design_prepares_the_derivative_its_iterations_take(monkeypatch):
+  # optimize_schedule compiles its iterations' derivative of ε in the background before the
+  # first iteration (envelope.prepare_gradient, at a fractional order up to 64); the
+  # derivative then runs that program: no other is compiled (a program keyed apart, by a
+  # weak type or a shape, would compile a second time while the first goes unused).
+  q, sigma, t = np.full(3, 0.05), np.array([1.0, 1.1, 1.2]), np.full(3, 100.0)
+  best = float(epsilon._concrete_epsilon(q, sigma, t, np.asarray(1e-5),
+                                         np.asarray(jaxrdp.DEFAULT_ORDERS), False)[1])
+  assert 1 < best < 64 and best != round(best)   # (the order the derivative is taken at)
+  before = set(envelope._gradient_at.executables)
+  envelope.prepare_gradient(q, sigma, t, np.asarray(1e-5), wanted=(True, True, False, False))
+  prepared = set(envelope._gradient_at.executables) - before
+  assert len(prepared) == (0 if compilation.plain_jit() else 1)   # (plain jax.jit: no cache)
+  d_sigma, d_q = jax.grad(lambda s, q_: jaxrdp.dpsgd_epsilon(q_, s, t, 1e-5, refine_order=False),
+                          argnums=(0, 1))(sigma, q)
+  assert set(envelope._gradient_at.executables) - before == prepared
+  assert np.all(np.asarray(d_sigma) < 0) and np.all(np.asarray(d_q) > 0)
+  asked = []
+  monkeypatch.setattr(envelope, "prepare_gradient", lambda *a, **k: asked.append(k["wanted"]))
+  utility = lambda s, q_: jnp.sum(s * s / q_)
+  schedules.optimize_schedule(utility, sampling_rate=q, noise_multiplier=sigma, steps=t,
+                              target_epsilon=3.0, delta=1e-5, num_iterations=1, design="both")
+  # First before the iterations (then again by each derivative taken, as for any eager one).
+  assert asked[0] == (True, True, False, False) and len(asked) == 2

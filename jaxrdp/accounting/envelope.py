@@ -179,10 +179,20 @@ def _prepare_gradient(q, sigma, t, delta, grid):
   values = tuple(lax.stop_gradient(v) for v in (q, sigma, t, delta))
   if not validation.is_concrete(values):   # traced (jax.jit, jax.vmap): one graph, nothing to do
     return
-  q, sigma, t, delta = (np.asarray(v) for v in values)
+  prepare_gradient(*values, wanted=wanted)
+
+
+def prepare_gradient(q, sigma, t, delta, wanted):
+  """Compiles in the background the program of ε's derivative along the ``wanted`` (static)
+  directions of (q, σ, T, δ) for these concrete phases, at a fractional order up to 64
+  (:func:`_prepare_gradient`), unless it is compiled already: for a caller that knows a
+  derivative of this shape is coming (:func:`jaxrdp.optimize_schedule`'s first iteration),
+  so that it compiles while other work runs."""
+  q, sigma, t, delta = (np.asarray(v) for v in (q, sigma, t, delta))
   alpha = np.full(1, _LIKELY_ORDER, q.dtype)
   split, tables = _concrete_split(alpha)
-  _gradient_at.prepare(alpha, q, sigma, t, delta, tables, False, split=split, wanted=wanted)
+  _gradient_at.prepare(alpha, q, sigma, t, delta, tables, False, split=split,
+                       wanted=tuple(wanted))
 
 
 @functools.partial(compilation.jit, static_argnames=("split", "fallback", "wanted"),
