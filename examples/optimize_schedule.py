@@ -54,7 +54,7 @@ def load_digits():
     y = data["labels"].astype(np.int32)
   perm = np.random.default_rng(0).permutation(len(x))
   parts = np.split(perm, [1200, 1500])
-  return [(jnp.asarray(x[p]), jnp.asarray(y[p])) for p in parts]
+  return [(jax.device_put(x[p]), jax.device_put(y[p])) for p in parts]
 
 
 def init_mlp(key, sizes=(64, 32, 10)):
@@ -147,7 +147,7 @@ def make_trainer(train, val, test):
       # XLA's defaults, which run large arrays faster).
       compiled[max_batch] = jax.jit(jax.vmap(per_key, (None, None, None, 0)),
                                     compiler_options=jaxrdp.compiler_options())
-    va, te = compiled[max_batch](keys, jnp.asarray(sigmas), jnp.asarray(qs), jnp.asarray(lrs))
+    va, te = compiled[max_batch](keys, np.asarray(sigmas), np.asarray(qs), np.asarray(lrs))
     return np.asarray(va, np.float64), np.asarray(te, np.float64)
   return train_all
 
@@ -172,10 +172,10 @@ def main(argv=None):
   with jax.enable_x64(True):   # the accountant in float64; the model stays in float32
     train, val, test = load_digits()
     n = train[0].shape[0]
-    steps = jnp.full(PHASES, float(STEPS // PHASES))
+    steps = np.full(PHASES, float(STEPS // PHASES))
     # The baseline on the design's phases (the same σ as on one phase of all the steps; the
     # accountant then compiles its programs for this shape once, for both).
-    sigma = float(jaxrdp.calibrate_noise_multiplier(args.epsilon, DELTA, jnp.full(PHASES, RATE),
+    sigma = float(jaxrdp.calibrate_noise_multiplier(args.epsilon, DELTA, np.full(PHASES, RATE),
                                                     steps))
     constant = (np.full(PHASES, sigma), np.full(PHASES, RATE))
     print(f"budget epsilon = {args.epsilon:g} at delta = {DELTA:g}: constant sigma = {sigma:.3f}, "
@@ -186,7 +186,7 @@ def main(argv=None):
     utility = jaxrdp.noisy_sgd_utility(steps, lr, l2_norm_clip=CLIP, dataset_size=n,
                                        curvature=1.0 / (lr * STEPS))
     result = jaxrdp.optimize_schedule(
-        utility, sampling_rate=jnp.full(PHASES, RATE), noise_multiplier=jnp.ones(PHASES),
+        utility, sampling_rate=np.full(PHASES, RATE), noise_multiplier=np.ones(PHASES),
         steps=steps, target_epsilon=args.epsilon, delta=DELTA, num_iterations=args.iterations,
         design="both")
     designed = (np.asarray(result.noise_multiplier), np.asarray(result.sampling_rate))
@@ -224,7 +224,7 @@ def main(argv=None):
       a2.set_ylabel("expected batch size")
       a.legend(loc="upper left", fontsize=8)
       a2.legend(loc="lower right", fontsize=8)
-      at = jnp.linspace(0.0, STEPS, 31)
+      at = np.linspace(0.0, STEPS, 31)
       for label, (s, q) in (("constant", constant), ("designed", designed)):
         b.plot(at, jaxrdp.epsilon_trajectory(q, s, steps, DELTA, at), label=label)
       b.set_xlabel("steps")
