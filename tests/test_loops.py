@@ -412,3 +412,25 @@ def test_long_loops_read_an_array_in_their_conditions():
       assert len(read) > 1 or (read[0].aval.shape != () and computes), (
           f"a loop of {len(_primitives(body))} operations stops on one value of its state")
   assert long_loops >= 3   # the nested grids' and the order search's loops at least
+
+
+def test_the_kernels_batching_rules_trace_them_without_nested_jits(monkeypatch):
+  # Under a user's jax.jit(jax.vmap(...)) the kernels' custom_vmap rules run when vmap
+  # batches the search's loop, outside the entry point's jax.disable_jit(): each rule disables
+  # nested jits itself (loops.without_nested_jit). Before, ~190 jax.numpy functions were traced
+  # there as nested jaxprs of their own (~0.1 s of the first call).
+  import traceback
+  import jaxrdp
+  from jax._src import pjit
+  trace_for_jit, nested = pjit._trace_for_jit, []
+
+  def recorded(*args, **kwargs):
+    frames = [f.filename for f in traceback.extract_stack() if "/jaxrdp/" in f.filename]
+    nested.append(frames[-1] if frames else "")
+    return trace_for_jit(*args, **kwargs)
+
+  monkeypatch.setattr(pjit, "_trace_for_jit", recorded)
+  jax.jit(jax.vmap(lambda s: jaxrdp.dpsgd_epsilon(0.01, s, 10_000, 1e-5))).trace(
+      jnp.linspace(0.6, 3.0, 64))
+  assert nested   # (the hook saw the trace: the checks outside the kernels are nested jits)
+  assert not [f for f in nested if "/mechanisms/" in f], nested

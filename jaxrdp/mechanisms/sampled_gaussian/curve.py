@@ -207,6 +207,7 @@ def _quadrature_kernel(groups, fallback):
     return _quadrature_values(q, sigma, alphas, groups, fallback)
 
   @kernel.def_vmap
+  @loops.without_nested_jit   # (see _rule_only_when_batched)
   def _rule(axis_size, in_batched, q, sigma, alphas):
     q, sigma, alphas = _flattened(axis_size, in_batched, q, sigma, alphas)
     out = kernel(q.reshape(-1), sigma.reshape(-1), alphas)
@@ -304,6 +305,7 @@ def _at_orders_kernel(split, fallback):
     return plain(qf, sf, orders, tables)
 
   @batched.def_vmap
+  @loops.without_nested_jit   # (see _rule_only_when_batched)
   def _rule(axis_size, in_batched, qf, sf, orders, tables):
     if (any(jax.tree_util.tree_leaves(in_batched[3]))
         or (split.sums and (in_batched[2] or orders.ndim == 2))):

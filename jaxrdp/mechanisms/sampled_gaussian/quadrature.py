@@ -305,6 +305,7 @@ def _flat_kernel(with_grad):
     return _log_j_flat(q, sigma, alpha, with_grad)
 
   @kernel.def_vmap
+  @loops.without_nested_jit   # (see _rule_only_when_batched)
   def _rule(axis_size, in_batched, q, sigma, alpha):
     args = [x if b else jnp.broadcast_to(x, (axis_size,) + x.shape)
             for x, b in zip((q, sigma, alpha), in_batched)]
