@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 # DOMAINS: every argument's range; in_domain: the mask under jit that matches check.
 from jaxrdp._internal.domains import DOMAINS, in_domain, inside  # noqa: F401
+from jaxrdp._internal.loops import without_nested_jit
 
 
 def is_concrete(x) -> bool:
@@ -128,6 +129,7 @@ def all_in_domains(**arguments):
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
+@without_nested_jit   # (its jax.numpy calls bind into its jaxpr: no nested jaxprs to trace)
 def _traced_in_domains(names, *values):
   """Every entry of each of ``values`` lies in the domain of its name."""
   valid = jnp.bool_(True)
@@ -157,6 +159,7 @@ def nan_where_invalid(valid, result):
 
 
 @jax.jit
+@without_nested_jit
 def _nan_where(valid, result):
   """:func:`nan_where_invalid`'s selection, one program."""
   return jax.tree_util.tree_map(lambda r: jnp.where(valid, r, jnp.nan), result)

@@ -56,6 +56,7 @@ _envelope.defjvp(_envelope_jvp, symbolic_zeros=True)
 
 
 @jax.jit
+@loops.without_nested_jit
 def _contract(grads, dots):
   """Σ <gradient, tangent>: one compiled linear map (eagerly, its transpose under jax.grad is
   one program too, instead of a dozen single operations each compiled on its own)."""
