@@ -133,7 +133,10 @@ def _rule_only_when_batched(kernel):
   The same in the body of a loop that vmap batches, which ``lax.while_loop`` traces at the
   unbatched shapes before vmap batches it (:func:`jaxrdp._internal.loops.batched_witness`):
   the first argument is made batched there, so that the rule replaces the primal whatever
-  the others are."""
+  the others are. The rules themselves trace with nested jits disabled
+  (:func:`jaxrdp._internal.loops.without_nested_jit`): vmap calls them when it batches an
+  enclosing loop, outside the entry point's ``jax.disable_jit()``, where each ``jax.numpy``
+  call would otherwise be traced as a jaxpr of its own (~190 under ``jax.jit(jax.vmap(ε))``)."""
   @functools.wraps(kernel)
   def call(*args):
     if not any(compilation.batched(x) for x in jax.tree_util.tree_leaves(args)):
