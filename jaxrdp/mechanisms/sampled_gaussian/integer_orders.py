@@ -98,14 +98,15 @@ _GATHERED_ONCE = 1 << 20
 
 
 def _computed_once(x):
-  """``x``, exactly (x + 0), as the result of a reduction: XLA:CPU fuses an elementwise
-  producer into a gather that reads it, however many times each element is read (it counts a
-  gather as a permutation), and a reduction is never fused into its consumer. Where the
-  default orders' 302 chunks of 65 terms are gathered from 64 chunks of per-pair terms, the
-  exponentials and logarithms are then computed once instead of ~4.7 times (jax.vmap of ε
-  over 64 σ: 7.1 ms -> 2.2 ms of its warm call); two kernels more to compile (~30 ms), so
-  only for large batches."""
-  return jnp.sum(jnp.stack([x, jnp.zeros_like(x)], axis=-1), axis=-1)
+  """``x``, exactly (0 + x), as the last entry of a cumulative sum: XLA:CPU fuses an
+  elementwise producer into a gather that reads it, however many times each element is read
+  (it counts a gather as a permutation), and a cumulative sum (a window reduction) is not
+  fused into its consumer. Where the default orders' 302 chunks of 65 terms are gathered from
+  64 chunks of per-pair terms, the exponentials and logarithms are then computed once instead
+  of ~4.7 times (jax.vmap of ε over 64 σ: 7.1 ms -> ~1.5 ms of its warm call; a sum over the
+  pair instead of the cumulative sum costs XNNPACK's reduction 1.2 ms more, and XLA removes
+  an integer one); two kernels more to compile (~30 ms), so only for large batches."""
+  return lax.cumsum(jnp.stack([jnp.zeros_like(x), x], axis=-1), axis=x.ndim)[..., 1]
 
 
 @functools.lru_cache(maxsize=None)
