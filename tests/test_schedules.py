@@ -342,5 +342,22 @@ def test_the_design_prepares_the_derivative_its_iterations_take(monkeypatch):
   utility = lambda s, q_: jnp.sum(s * s / q_)
   schedules.optimize_schedule(utility, sampling_rate=q, noise_multiplier=sigma, steps=t,
                               target_epsilon=3.0, delta=1e-5, num_iterations=1, design="both")
-  # First before the iterations (then again by each derivative taken, as for any eager one).
-  assert asked[0] == (True, True, False, False) and len(asked) == 2
+  # Before the iterations; their derivatives (epsilon_and_gradient) then find it prepared.
+  assert asked == [(True, True, False, False)]
+
+
+@pytest.mark.parametrize("refine", [False, True])
+def test_epsilon_and_gradient_are_value_and_grad_of_the_eager_epsilon(refine):
+  # The eager design's boundary calls the search and the envelope gradient directly
+  # (epsilon.epsilon_and_gradient) instead of jax.value_and_grad of ε: the same numbers.
+  q, sigma, t = np.array([0.02, 0.05, 0.1]), np.array([0.9, 1.3, 2.0]), np.array([300.0, 50.0, 8.0])
+  delta, grid = jnp.asarray(1e-5), np.asarray(jaxrdp.DEFAULT_ORDERS)
+  eps, grads = epsilon.epsilon_and_gradient(q, sigma, t, delta, grid, refine,
+                                            (True, True, False, False))
+  value, (d_sigma, d_q) = jax.value_and_grad(
+      lambda s, q_: epsilon.dpsgd_epsilon_unchecked(q_, s, t, delta, grid, refine),
+      argnums=(0, 1))(sigma, q)
+  assert float(eps) == float(value)
+  np.testing.assert_array_equal(np.asarray(grads[1]), np.asarray(d_sigma))
+  np.testing.assert_array_equal(np.asarray(grads[0]), np.asarray(d_q))
+  assert np.all(np.asarray(d_sigma) < 0) and np.all(np.asarray(d_q) > 0)

@@ -60,7 +60,7 @@ from jaxrdp.accounting.conversion import epsilon_at_orders
 from jaxrdp.accounting.conversion import composed_epsilons as _composed_epsilons
 from jaxrdp.accounting.long_schedules import (_BINNED_PHASES, _WINDOW_REFINE_STEPS,
                                               _binned_search, grid_ends)
-from jaxrdp.accounting.envelope import (_concrete_split, _contract, _envelope,
+from jaxrdp.accounting.envelope import (_concrete_gradient, _concrete_split, _contract, _envelope,
                                         _epsilon_gradient, _prepare_gradient,
                                         _rdp_and_derivatives, _search_gradient)
 from jaxrdp.accounting.orders import DEFAULT_ORDERS
@@ -253,6 +253,24 @@ def dpsgd_epsilon_unchecked(q, sigma, t, delta, grid, refine_order):
     found = _search_epsilon(sg(q), sg(sigma), sg(t), sg(delta), grid, refine_order)
   eps, best = found
   return _envelope(eps, best, q, sigma, t, delta)
+
+
+def epsilon_and_gradient(q, sigma, t, delta, grid, refine_order, wanted):
+  """(ε, (dε/dq, dε/dσ, dε/dT, dε/dδ)) of :func:`dpsgd_epsilon_unchecked` for concrete phases
+  and a concrete grid, the derivatives along the ``wanted`` directions (static; the others
+  are not computed): the order search and the envelope gradient at the order found, the two
+  calls :func:`_envelope`'s rule makes. ``jax.value_and_grad`` of dpsgd_epsilon_unchecked
+  computes the same numbers through JAX's eager differentiation, whose per-operation dispatch
+  costs ~4 ms more per call: a host loop that takes many derivatives (the eager
+  :func:`jaxrdp.optimize_schedule`) calls this instead."""
+  found = _concrete_epsilon(q, sigma, t, delta, grid, refine_order)
+  if found is None:
+    found = _search_epsilon(q, sigma, t, delta, grid, refine_order)
+  eps, best = found
+  grads = _concrete_gradient(best, q, sigma, t, delta, wanted=wanted)
+  if grads is None:
+    grads = _epsilon_gradient(best, q, sigma, t, delta, wanted=wanted)
+  return eps, grads
 
 
 def _traced_search(q, sigma, t, delta, grid, refine_order):
