@@ -24,7 +24,7 @@ the example shows how to measure it on your own model.
 
 Run:  python examples/optimize_schedule.py [--epsilon 8] [--seeds 10] [--out schedule.png]
 
-About 15 s on a 2-core CPU (``benchmarks/bench_examples.py``: a quarter of it the design, a
+About 15–16 s on a 2-core CPU (``benchmarks/bench_examples.py``: a quarter of it the design, a
 quarter training, most of the rest compiling); it prints a line per stage.
 """
 

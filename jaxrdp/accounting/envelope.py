@@ -45,14 +45,23 @@ def _envelope_jvp(primals, tangents):
   wanted = tuple(not isinstance(d, jax.custom_derivatives.SymbolicZero) for d in dots)
   if not any(wanted):
     return eps, jnp.zeros_like(eps)
-  grads = _concrete_gradient(best, *args, wanted=wanted)
-  if grads is None:
-    grads = loops.of_primals(lambda *a: _epsilon_gradient(*a, wanted=wanted))(best, *args)
+  grads = gradient_at_order(best, *args, wanted=wanted)
   pairs = tuple((g, d) for g, d, w in zip(grads, dots, wanted) if w)
   return eps, _contract(*zip(*pairs)).astype(eps.dtype)
 
 
 _envelope.defjvp(_envelope_jvp, symbolic_zeros=True)
+
+
+def gradient_at_order(best, q, sigma, t, delta, wanted):
+  """d ε / d(q, σ, T, δ) at the fixed order ``best`` along the ``wanted`` directions: through
+  that order's split for concrete values (:func:`_concrete_gradient`), else on shared nodes
+  (:func:`_epsilon_gradient`, as a function of the primals alone)."""
+  grads = _concrete_gradient(best, q, sigma, t, delta, wanted=wanted)
+  if grads is None:
+    grads = loops.of_primals(lambda *a: _epsilon_gradient(*a, wanted=wanted))(
+        best, q, sigma, t, delta)
+  return grads
 
 
 @jax.jit

@@ -60,8 +60,8 @@ from jaxrdp.accounting.conversion import epsilon_at_orders
 from jaxrdp.accounting.conversion import composed_epsilons as _composed_epsilons
 from jaxrdp.accounting.long_schedules import (_BINNED_PHASES, _WINDOW_REFINE_STEPS,
                                               _binned_search, grid_ends)
-from jaxrdp.accounting.envelope import (_concrete_gradient, _concrete_split, _contract, _envelope,
-                                        _epsilon_gradient, _prepare_gradient,
+from jaxrdp.accounting.envelope import (_concrete_split, _contract, _envelope,
+                                        _epsilon_gradient, _prepare_gradient, gradient_at_order,
                                         _rdp_and_derivatives, _search_gradient)
 from jaxrdp.accounting.orders import DEFAULT_ORDERS
 
@@ -248,11 +248,15 @@ def dpsgd_epsilon_unchecked(q, sigma, t, delta, grid, refine_order):
   if spec is not None:   # the search and the gradient in one loop (_searched_epsilon)
     return _searched_epsilon(q, sigma, t, delta, spec)
   _prepare_gradient(q, sigma, t, delta, grid)
-  found = _concrete_epsilon(sg(q), sg(sigma), sg(t), sg(delta), grid, refine_order)
-  if found is None:
-    found = _search_epsilon(sg(q), sg(sigma), sg(t), sg(delta), grid, refine_order)
-  eps, best = found
+  eps, best = _epsilon_and_order(sg(q), sg(sigma), sg(t), sg(delta), grid, refine_order)
   return _envelope(eps, best, q, sigma, t, delta)
+
+
+def _epsilon_and_order(q, sigma, t, delta, grid, refine_order):
+  """(ε, its order): :func:`_concrete_epsilon` where the grid is concrete, else the branch and
+  bound of :func:`_search_epsilon`."""
+  found = _concrete_epsilon(q, sigma, t, delta, grid, refine_order)
+  return found if found is not None else _search_epsilon(q, sigma, t, delta, grid, refine_order)
 
 
 def epsilon_and_gradient(q, sigma, t, delta, grid, refine_order, wanted):
@@ -263,14 +267,8 @@ def epsilon_and_gradient(q, sigma, t, delta, grid, refine_order, wanted):
   computes the same numbers through JAX's eager differentiation, whose per-operation dispatch
   costs ~4 ms more per call: a host loop that takes many derivatives (the eager
   :func:`jaxrdp.optimize_schedule`) calls this instead."""
-  found = _concrete_epsilon(q, sigma, t, delta, grid, refine_order)
-  if found is None:
-    found = _search_epsilon(q, sigma, t, delta, grid, refine_order)
-  eps, best = found
-  grads = _concrete_gradient(best, q, sigma, t, delta, wanted=wanted)
-  if grads is None:
-    grads = _epsilon_gradient(best, q, sigma, t, delta, wanted=wanted)
-  return eps, grads
+  eps, best = _epsilon_and_order(q, sigma, t, delta, grid, refine_order)
+  return eps, gradient_at_order(best, q, sigma, t, delta, wanted)
 
 
 def _traced_search(q, sigma, t, delta, grid, refine_order):
