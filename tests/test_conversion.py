@@ -172,3 +172,28 @@ def test_float32_epsilon_is_never_below_float64():
   assert finite.sum() > 150
   assert np.all(eps32[finite] >= eps64[finite])
   assert np.all(eps32[finite] <= eps64[finite] * (1 + 3e-3))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_closed_form_partials_are_the_conversions_derivative(dtype):
+  # epsilon_partials (used by the envelope gradient) against JAX's derivative of the
+  # conversion itself, at orders and RDP values where eps is positive, where the KL bound or
+  # the clip at 0 makes it 0, and where the RDP is +inf.
+  from jaxrdp.accounting.conversion import epsilon_at_orders, epsilon_partials
+  eps_of = lambda a, r, d: epsilon_at_orders(a, r, d)
+  cases = [(a, r, d) for a in (1.01, 1.5, 2.0, 7.3, 64.0, 4096.0)
+           for r in (0.0, 1e-12, 1e-3, 0.5, 3.0, 250.0, np.inf)
+           for d in (1e-10, 1e-5, 0.3)]
+  zero_seen = positive_seen = 0
+  for a, r, d in cases:
+    a, r, d = (jnp.asarray(v, dtype) for v in (a, r, d))
+    eps = eps_of(a, r, d)
+    want = jax.grad(eps_of, argnums=(1, 2))(a, r, d)
+    got = epsilon_partials(a, eps, d)
+    for g, w in zip(got, want):
+      assert g.dtype == w.dtype == dtype
+      np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=4 * np.finfo(dtype).eps,
+                                 err_msg=f"alpha={a}, rdp={r}, delta={d}")
+    zero_seen += float(eps) == 0
+    positive_seen += 0 < float(eps) < np.inf
+  assert zero_seen and positive_seen   # both regimes were checked

@@ -161,6 +161,25 @@ def epsilon_at_orders(orders, rdp, delta, method="improved"):
   return jnp.maximum(eps, 0.0) * (1 + _OUTPUT_ULPS * jnp.finfo(eps.dtype).eps)
 
 
+def epsilon_partials(order, eps, delta):
+  r"""(∂ε/∂r, ∂ε/∂δ) of :func:`epsilon_at_orders` (the improved conversion) at one finite
+  order α > 1, where it gave ``eps``: in closed form rather than by differentiating it, so
+  that a derivative's graph holds none of its logarithms (each an XLA kernel of its own on a
+  scalar). Where ε > 0 (and finite), ε = (1 + u)(r(1 + ρ) + log(1 − 1/α) − (log δ + log α)/(α − 1))
+  with ρ the RDP's rounding allowance and u the output's: ∂ε/∂r = (1 + u)(1 + ρ),
+  ∂ε/∂δ = −(1 + u)/((α − 1) δ). Elsewhere both are 0, as JAX's derivative of the same
+  function gives them: ε = 0 (the KL bound, or a negative value clipped) and ε = +inf (an
+  infinite RDP) are constant in r and δ there."""
+  dtype = eps.dtype
+  finfo = jnp.finfo(dtype)
+  rel = _RDP_REL_ERROR_FLOAT32 if finfo.bits <= 32 else _RDP_ULPS * float(finfo.eps)
+  inflate = 1 + _OUTPUT_ULPS * finfo.eps
+  live = (eps > 0) & jnp.isfinite(eps)
+  d_r = jnp.where(live, inflate * (1 + rel), 0.0).astype(dtype)
+  d_delta = jnp.where(live, -inflate / (order - 1) / jnp.where(live, delta, 1.0), 0.0)
+  return d_r, d_delta.astype(dtype)
+
+
 @compilation.on_host
 def compute_delta(orders: jax.typing.ArrayLike, rdp: jax.typing.ArrayLike,
                   epsilon: jax.typing.ArrayLike, *, method: str = "improved"

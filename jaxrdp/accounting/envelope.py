@@ -24,7 +24,7 @@ from jaxrdp._internal import loops
 from jaxrdp._internal import validation
 from jaxrdp.accounting import composition
 from jaxrdp.mechanisms import sampled_gaussian
-from jaxrdp.accounting.conversion import epsilon_at_orders
+from jaxrdp.accounting.conversion import epsilon_at_orders, epsilon_partials
 
 
 @jax.custom_jvp
@@ -98,13 +98,15 @@ def _epsilon_gradient(best, q, sigma, t, delta, wanted=(True,) * 4):
                  _chain(alpha, t, delta, rdp, d_q, d_sigma))
 
 
-def _chain(alpha, t, delta, rdp, d_q, d_sigma):
-  """d ε / d(q, σ, T, δ) at the order ``alpha`` from each phase's RDP per step there and its
-  partial derivatives per step: the chain rule through Σ_i T_i RDP_i and the conversion
-  (a phase without steps adds nothing)."""
+def _chain(alpha, t, delta, rdp, d_q, d_sigma, eps=None):
+  """d ε / d(q, σ, T, δ) at the order ``alpha`` (finite, > 1) from each phase's RDP per step
+  there and its partial derivatives per step: the chain rule through Σ_i T_i RDP_i and the
+  conversion (:func:`jaxrdp.accounting.conversion.epsilon_partials`; a phase without steps
+  adds nothing). ``eps``: ε at that order where the caller has it (the search's result)."""
   total = jnp.sum(jnp.where(t == 0, 0.0, t * rdp))
-  d_total, d_delta = jax.grad(lambda r, d: epsilon_at_orders(jnp.reshape(alpha, (1,)), r, d)[0],
-                              argnums=(0, 1))(total, delta)
+  if eps is None:
+    eps = epsilon_at_orders(alpha, total, delta)
+  d_total, d_delta = epsilon_partials(alpha, eps, delta)
   per_phase = lambda v: jnp.where(t == 0, 0.0, d_total * v)
   return per_phase(t * d_q), per_phase(t * d_sigma), per_phase(rdp), d_delta
 
@@ -133,10 +135,11 @@ def _rdp_and_derivatives(rdp_of, q, sigma, t, wanted):
   return r[:n], d_r.reshape((copies, n) + r.shape[1:])
 
 
-def _search_gradient(best, q, sigma, t, delta, rdp, d_rdp, wanted):
-  """d ε / d(q, σ, T, δ) at the order ``best`` from T·RDP per phase there and its derivatives
-  along the ``wanted`` directions (as :func:`_epsilon_gradient`):
-  zero where no order is usable, NaN where a value was not certified."""
+def _search_gradient(eps, best, q, sigma, t, delta, rdp, d_rdp, wanted):
+  """d ε / d(q, σ, T, δ) at the order ``best``, where the search found ε = ``eps``, from T·RDP
+  per phase there and its derivatives along the ``wanted`` directions (as
+  :func:`_epsilon_gradient`): zero where no order is usable, NaN where a value was not
+  certified."""
   usable = jnp.isfinite(best) & (best > 1)
   live = t > 0
   per_step = lambda v: jnp.where(live, v / jnp.where(live, t, 1.0), 0.0)
@@ -144,7 +147,7 @@ def _search_gradient(best, q, sigma, t, delta, rdp, d_rdp, wanted):
   zero = jnp.zeros_like(q)
   d_q, d_sigma = (per_step(next(d_rdp)) if w else zero for w in wanted[:2])
   return _masked(usable, jnp.all(jnp.isfinite(rdp) | ~live),
-                 _chain(jnp.where(usable, best, 2.0), t, delta, per_step(rdp), d_q, d_sigma))
+                 _chain(jnp.where(usable, best, 2.0), t, delta, per_step(rdp), d_q, d_sigma, eps))
 
 
 def _masked(usable, certified, grads):

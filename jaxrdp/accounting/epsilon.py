@@ -499,7 +499,7 @@ _log_j_levels`), and one more step evaluates the optimal order found (a derivati
   result = order_search.search_result(out[0], delta, jnp)[:2]
   if not directions:
     return result
-  return result + (_search_gradient(result[1], q, sigma, t, delta, out[2], out[3], wanted),)
+  return result + (_search_gradient(*result, q, sigma, t, delta, out[2], out[3], wanted),)
 
 
 def _concrete_epsilon(q, sigma, t, delta, grid, refine_order):

@@ -291,4 +291,4 @@ def _windowed_search(q, sigma, t, delta, grid, standin, windows, ends, wanted=No
   result = eps, jnp.where(found, alpha, jnp.nan)
   if not wanted:
     return result
-  return result + (_search_gradient(result[1], q, sigma, t, delta, *out[6:], wanted),)
+  return result + (_search_gradient(*result, q, sigma, t, delta, *out[6:], wanted),)
