@@ -45,7 +45,7 @@ def _envelope_jvp(primals, tangents):
   wanted = tuple(not isinstance(d, jax.custom_derivatives.SymbolicZero) for d in dots)
   if not any(wanted):
     return eps, jnp.zeros_like(eps)
-  grads = gradient_at_order(best, *args, wanted=wanted)
+  grads = gradient_at_order(best, *args, wanted=wanted, eps=eps)
   pairs = tuple((g, d) for g, d, w in zip(grads, dots, wanted) if w)
   return eps, _contract(*zip(*pairs)).astype(eps.dtype)
 
@@ -53,14 +53,17 @@ def _envelope_jvp(primals, tangents):
 _envelope.defjvp(_envelope_jvp, symbolic_zeros=True)
 
 
-def gradient_at_order(best, q, sigma, t, delta, wanted):
+def gradient_at_order(best, q, sigma, t, delta, wanted, eps=None):
   """d ε / d(q, σ, T, δ) at the fixed order ``best`` along the ``wanted`` directions: through
   that order's split for concrete values (:func:`_concrete_gradient`), else on shared nodes
-  (:func:`_epsilon_gradient`, as a function of the primals alone)."""
-  grads = _concrete_gradient(best, q, sigma, t, delta, wanted=wanted)
+  (:func:`_epsilon_gradient`, as a function of the primals alone). ``eps``: ε there, where the
+  caller has it (the search's result: the derivative's program then holds no conversion)."""
+  grads = _concrete_gradient(best, q, sigma, t, delta, wanted=wanted, eps=eps)
   if grads is None:
-    grads = loops.of_primals(lambda *a: _epsilon_gradient(*a, wanted=wanted))(
-        best, q, sigma, t, delta)
+    with_eps = eps is not None
+    grads = loops.of_primals(lambda *a: _epsilon_gradient(
+        *a[:5], wanted=wanted, eps=a[5] if with_eps else None))(
+            best, q, sigma, t, delta, *((eps,) if with_eps else ()))
   return grads
 
 
@@ -73,7 +76,7 @@ def _contract(grads, dots):
 
 
 @functools.partial(compilation.jit, static_argnames=("wanted",))
-def _epsilon_gradient(best, q, sigma, t, delta, wanted=(True,) * 4):
+def _epsilon_gradient(best, q, sigma, t, delta, wanted=(True,) * 4, eps=None):
   """d ε / d(q, σ, T, δ) at the fixed order ``best`` (any order, traced or not): zero where no
   order is usable, NaN where the RDP's derivative cannot be certified there. Forward mode, as
   :func:`_gradient_at`: phase i's RDP depends on (q_i, σ_i) alone, so the two directions
@@ -95,7 +98,7 @@ def _epsilon_gradient(best, q, sigma, t, delta, wanted=(True,) * 4):
   rdp, d_rdp = rdp[:n], iter(d_rdp.reshape(len(directions), n))
   d_q, d_sigma = (next(d_rdp) if w else zero for w in wanted[:2])
   return _masked(usable, jnp.all(certified | (stack(t) == 0)),
-                 _chain(alpha, t, delta, rdp, d_q, d_sigma))
+                 _chain(alpha, t, delta, rdp, d_q, d_sigma, eps))
 
 
 def _chain(alpha, t, delta, rdp, d_q, d_sigma, eps=None):
@@ -103,6 +106,7 @@ def _chain(alpha, t, delta, rdp, d_q, d_sigma, eps=None):
   there and its partial derivatives per step: the chain rule through Σ_i T_i RDP_i and the
   conversion (:func:`jaxrdp.accounting.conversion.epsilon_partials`; a phase without steps
   adds nothing). ``eps``: ε at that order where the caller has it (the search's result)."""
+  alpha = jnp.reshape(alpha, ())
   total = jnp.sum(jnp.where(t == 0, 0.0, t * rdp))
   if eps is None:
     eps = epsilon_at_orders(alpha, total, delta)
@@ -156,19 +160,21 @@ def _masked(usable, certified, grads):
   return tuple(jnp.where(usable, jnp.where(certified, g, jnp.nan), 0.0) for g in grads)
 
 
-def _concrete_gradient(best, q, sigma, t, delta, wanted=(True,) * 4):
+def _concrete_gradient(best, q, sigma, t, delta, wanted=(True,) * 4, eps=None):
   """:func:`_epsilon_gradient` for concrete values at a usable order, through the split of that
   one order (the exact sum at an integer order, shared nodes at a fractional one up to 64,
   whose derivatives come from the same pass), so that the per-order quadrature is compiled
   only when a value is left open; None otherwise."""
-  if not validation.is_concrete((best, q, sigma, t, delta)):
+  if not validation.is_concrete((best, q, sigma, t, delta, eps)):
     return None
   alpha = np.asarray(best).reshape(1)
   if not (np.isfinite(alpha[0]) and alpha[0] > 1):
     return None
   split, tables = _concrete_split(alpha)
   q, sigma, t, delta = (np.asarray(v) for v in (q, sigma, t, delta))   # as _prepare_gradient's
-  return _first_without_fallback(functools.partial(_gradient_at, split=split, wanted=wanted),
+  eps = None if eps is None else np.asarray(eps, q.dtype)
+  return _first_without_fallback(functools.partial(_gradient_at, split=split, wanted=wanted,
+                                                   eps=eps),
                                  alpha, q, sigma, t, delta, tables)
 
 
@@ -205,17 +211,19 @@ def prepare_gradient(q, sigma, t, delta, wanted):
   alpha = np.full(1, _LIKELY_ORDER, q.dtype)
   split, tables = _concrete_split(alpha)
   _gradient_at.prepare(alpha, q, sigma, t, delta, tables, False, split=split,
-                       wanted=tuple(wanted))
+                       wanted=tuple(wanted), eps=np.zeros((), q.dtype))   # (ε: the search's)
 
 
 @functools.partial(compilation.jit, static_argnames=("split", "fallback", "wanted"),
                    work=lambda arguments: arguments["q"].size)
-def _gradient_at(alpha, q, sigma, t, delta, tables, fallback, split, wanted=(True,) * 4):
+def _gradient_at(alpha, q, sigma, t, delta, tables, fallback, split, wanted=(True,) * 4,
+                 eps=None):
   """(d ε / d(q, σ, T, δ) at the one order ``alpha`` with its ``split``, open). Forward mode:
   phase i's RDP depends on (q_i, σ_i) alone, so two tangents (every q, every σ) give all its
   partial derivatives, whatever the number of phases, and the graph holds no transpose.
   ``wanted`` (static): which of the four are needed; only those directions are taken (the
-  others are returned as zeros)."""
+  others are returned as zeros). ``eps``: ε at the order (the search's), or None: converted
+  here (:func:`_chain`)."""
   def rdp_of(q_, s_):
     out = composition.rdp_of_steps(q_, s_, jnp.ones_like(q_), alpha, split, tables,
                                             fallback=fallback)
@@ -236,7 +244,7 @@ def _gradient_at(alpha, q, sigma, t, delta, tables, fallback, split, wanted=(Tru
     (rdp, is_open), d_rdp = rdp_of(q, sigma), []
   d_rdp = iter(d_rdp)
   d_q, d_sigma = (next(d_rdp) if w else zero for w in wanted[:2])
-  return _chain(alpha, t, delta, rdp, d_q, d_sigma), is_open
+  return _chain(alpha, t, delta, rdp, d_q, d_sigma, eps), is_open
 
 
 def _first_without_fallback(fn, *args):

@@ -268,7 +268,7 @@ def epsilon_and_gradient(q, sigma, t, delta, grid, refine_order, wanted):
   costs ~4 ms more per call: a host loop that takes many derivatives (the eager
   :func:`jaxrdp.optimize_schedule`) calls this instead."""
   eps, best = _epsilon_and_order(q, sigma, t, delta, grid, refine_order)
-  return eps, gradient_at_order(best, q, sigma, t, delta, wanted)
+  return eps, gradient_at_order(best, q, sigma, t, delta, wanted, eps=eps)
 
 
 def _traced_search(q, sigma, t, delta, grid, refine_order):
@@ -325,7 +325,8 @@ def _searched_epsilon_jvp(spec, primals, tangents):
     eps, _, grads = search(*primals, wanted=wanted)
   else:
     eps, best = search(*primals)
-    grads = loops.of_primals(lambda *a: _epsilon_gradient(*a, wanted=wanted))(best, *primals)
+    grads = loops.of_primals(lambda *a: _epsilon_gradient(*a[:5], wanted=wanted, eps=a[5]))(
+        best, *primals, eps)
   pairs = tuple((g, d) for g, d, w in zip(grads, tangents, wanted) if w)
   return eps, _contract(*zip(*pairs)).astype(eps.dtype)
 
