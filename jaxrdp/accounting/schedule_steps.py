@@ -14,6 +14,7 @@ it runs inside a user's ``jax.jit``, with traced budgets, schedules and keys.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -28,11 +29,11 @@ WARMUP_STEPS = 5   # Newton steps onto the boundary before the first optimiser s
 _SCALE_RANGE = 40.0   # the safe scale is searched for in [-40, 40] (σ within e^±40 of the shape)
 
 
-def rates_of(q0, t):
+def rates_of(q0, t, count=None):
   """phi -> the sampling rates of the shape phi: q_i = Q e^phi_i / sum_j T_j e^phi_j with
-  Q = sum_i T_i q0_i (the expected gradient count of the initial schedule), capped at 1;
-  phi None: q0."""
-  count = jnp.sum(t * q0)
+  Q = sum_i T_i q0_i (the expected gradient count of the initial schedule, ``count`` where
+  computed already), capped at 1; phi None: q0."""
+  count = jnp.sum(t * q0) if count is None else count
 
   def rates(phi):
     if phi is None:
@@ -42,7 +43,22 @@ def rates_of(q0, t):
   return rates
 
 
-def parametrisation(theta0, q0, t, design, family="phases", degree=2):
+@functools.partial(jax.jit, static_argnames=("family", "degree"))
+def _anchors(sigma0, q0, t, family, degree):
+  """(θ0 = log σ0, φ0 = log q0 (0 where T = 0), the gradient count Σ T q0, the basis of the
+  shapes' family (None for "phases")) of :func:`parametrisation`, one compiled program (the
+  host driver's setup would otherwise compile each operation on its own)."""
+  phi0 = jnp.log(jnp.where(t > 0, q0, 1.0))
+  basis = None
+  if family != "phases":
+    ends = jnp.cumsum(t)
+    x = (ends - 0.5 * t) / ends[-1]
+    basis = jnp.stack([x ** k for k in range(1, (1 if family == "exponential" else degree) + 1)],
+                      axis=-1)
+  return jnp.log(sigma0), phi0, jnp.sum(t * q0), basis
+
+
+def parametrisation(sigma0, q0, t, design, family="phases", degree=2):
   """(initial shape, unpack): the shape optimised, a pair (for σ, for q; None where held), and
   ``unpack(shape)`` -> (θ = log σ up to the scale, q). Per ``family``, with x_i the midpoint of
   phase i's steps as a fraction of all steps:
@@ -53,16 +69,10 @@ def parametrisation(theta0, q0, t, design, family="phases", degree=2):
     factor per step);
   * ``"polynomial"``: θ_i = θ0_i + Σ_{k=1..degree} a_k x_i^k, and φ alike.
 
-  The constant term is the budget's scale (σ) or the gradient count's normalisation (q)."""
-  rates = rates_of(q0, t)
-  phi0 = jnp.log(jnp.where(t > 0, q0, 1.0))
-  if family == "phases":
-    basis = None
-  else:
-    ends = jnp.cumsum(t)
-    x = (ends - 0.5 * t) / ends[-1]
-    basis = jnp.stack([x ** k for k in range(1, (1 if family == "exponential" else degree) + 1)],
-                      axis=-1)
+  The constant term is the budget's scale (σ) or the gradient count's normalisation (q).
+  θ0 = log σ0 (``sigma0``: the initial noise multipliers)."""
+  theta0, phi0, count, basis = _anchors(sigma0, q0, t, family, degree)
+  rates = rates_of(q0, t, count)
   start = lambda v0: v0 if basis is None else jnp.zeros(basis.shape[-1], v0.dtype)
   shape = (start(theta0) if design != "sampling_rate" else None,
            start(phi0) if design != "noise_multiplier" else None)

@@ -198,7 +198,7 @@ design_in_graph`): the same step in a ``lax.scan`` (after five Newton steps onto
   import optax   # here, not at import: an accounting query does not pay for importing optax
   optimizer = optax.adam(0.05) if optimizer is None else optimizer
 
-  shape, unpack = parametrisation(jnp.log(sigma0), q, t, design, family, degree)
+  shape, unpack = parametrisation(sigma0, q, t, design, family, degree)
   if not by_pld and num_iterations:
     # The iterations' derivative of ε (along σ, and q where it moves) compiles in the
     # background while the scale is solved for and the step is compiled (~0.5 s less).
@@ -212,7 +212,7 @@ design_in_graph`): the same step in a ``lax.scan`` (after five Newton steps onto
   u = _safe_scale(theta, jnp.zeros((), dtype), q, epsilon, target_epsilon, t, by_pld, scaled)
   step = _make_step(utility, optimizer, unpack, epsilon, t, by_pld, shape[1] is not None,
                     None if by_pld else (delta, grid))
-  opt_state = optimizer.init(shape)
+  opt_state = jax.jit(optimizer.init)(shape)   # (one program, not one per operation)
   history = []
   for iteration in range(1, int(num_iterations) + 1):
     draw = None if key is None else jax.random.fold_in(key, iteration)
@@ -273,7 +273,7 @@ def _optimize_in_graph(utility, sampling_rate, noise_multiplier, steps, target, 
   import optax   # here, not at import: an accounting query does not pay for importing optax
   optimizer = optax.adam(0.05) if optimizer is None else optimizer
   target = jnp.asarray(target, dtype)
-  shape, unpack = parametrisation(jnp.log(sigma0), q, t, design, family, degree)
+  shape, unpack = parametrisation(sigma0, q, t, design, family, degree)
   sigma, q, eps, final, history = design_in_graph(
       utility, optimizer, shape, unpack, _epsilon_of(by_pld, t, delta, grid), target,
       num_iterations, key=key, pld_grid=pld_grid, callback=callback)
@@ -319,9 +319,13 @@ epsilon_and_gradient`), the same numbers as ``jax.value_and_grad`` of log ε wit
       del pld_grid
       eps, grads = epsilon_and_gradient(q, sigma, t, delta, grid, False,
                                         (moves_q, True, False, False))
+      return on_log_scale(eps, grads[1], grads[0] if moves_q else None)
+
+    @jax.jit
+    def on_log_scale(eps, d_sigma, d_q):   # (one program, not three operations an iteration)
       inverse = 1.0 / eps
-      return jnp.log(eps), (grads[1] * inverse,
-                            grads[0] * inverse if moves_q else jnp.zeros_like(q))
+      return jnp.log(eps), (d_sigma * inverse,
+                            jnp.zeros_like(d_sigma) if d_q is None else d_q * inverse)
 
   def step(shape, u, opt_state, log_target, key):
     sigma, q = at(shape, u)
@@ -357,11 +361,16 @@ def _safe_scale(theta, u_guess, q, epsilon, target, t=None, by_pld=False, scaled
   def grid_for(u):
     if by_pld and not sized.get("u", math.inf) <= u:
       sized["u"] = u - 0.1
-      sized["grid"] = pld.pld_grid(q, scaled(sized["u"], theta), t)
+      sized["grid"] = pld.pld_grid(q, scaled(scale(sized["u"]), theta), t)
     return sized.get("grid")
 
+  # The scale as a strongly typed scalar, as the host driver passes it to ``scaled`` (a Python
+  # float, weakly typed, would compile a program of its own).
+  scale = lambda u: np.asarray(u, theta.dtype)
+
   def g(u, own_grid=False):
-    eps = float(epsilon(q, scaled(u, theta), pld_grid=None if own_grid else grid_for(u)))
+    eps = float(epsilon(q, scaled(scale(u), theta),
+                        pld_grid=None if own_grid else grid_for(u)))
     return math.log(eps / target) if eps > 0 else -math.inf
 
   def solve(u_guess, own_grid, step=0.01, tol=1e-10):
