@@ -117,17 +117,16 @@ def _epsilon_of(first, log_mass, p_inf, delta, interval):
   losses = (first[:, None] + jnp.arange(n)) * interval                # (d, n)
   margin = (2 * n + 16) * _U
   p_inf_0 = lax.stop_gradient(p_inf)
-  # The terms of S₀ and of S₁ in blocks (d, nb, B), each apart (a stacked pair is copied
-  # whole), and each block's sum: read once, for the search and for the sums at the point
-  # found. What is read from them is stacked (2, d, ...): one kernel for both from then on.
-  blocks = [v.reshape(d, nb, _READ_BLOCK) for v in (log_mass + margin, log_mass - losses - margin)]
-  block_sums = jnp.stack([_block_logsumexp(b) for b in blocks])       # (2, d, nb)
+  # The terms of S₀ and of S₁ in blocks (2, d, nb, B), computed as one array (one kernel, no
+  # copy), and each block's sum: read once, for the search and for the sums at the point found.
+  blocks = jnp.where(np.arange(2).reshape(2, 1, 1) == 0, log_mass + margin,
+                     log_mass - losses - margin).reshape(2, d, nb, _READ_BLOCK)
+  block_sums = _block_logsumexp(blocks)                                 # (2, d, nb)
   after = _widened(_suffix(lax.stop_gradient(block_sums)))
   # δ at each block's last point; the first block whose last point meets δ holds the crossing.
   last = losses[:, _READ_BLOCK - 1::_READ_BLOCK]
   block = jnp.argmax(_delta_at(p_inf_0[:, None], after[0], after[1], last) <= delta, axis=-1)
-  inside = jnp.stack([jnp.take_along_axis(b, block[:, None, None], axis=1)[:, 0]
-                      for b in blocks])                                  # (2, d, B)
+  inside = jnp.take_along_axis(blocks, block[None, :, None, None], axis=2)[:, :, 0]   # (2, d, B)
   # S(k + 1) inside that block: its own suffix and the blocks beyond it.
   suffix = _widened(jnp.logaddexp(_suffix(lax.stop_gradient(inside)),
                                   jnp.take_along_axis(after, block[None, :, None], axis=2)))
